@@ -1,0 +1,87 @@
+"""In-memory data model shared by the edge relay and the cloud ingester.
+
+A *label set* is a tuple of ``(name, value)`` pairs sorted by name (byte order, as Prometheus and
+remote-write require), ``__name__`` included.  Parsed label sets are interned by the parser cache,
+so equal label sets are usually the same object and hash cheaply.
+
+A *scrape block* is every sample of one scrape of one target: one shared timestamp, a column of
+series indices into the batch's label-set table and a column of float64 values.  Values are kept in
+``array('d')`` so NaN payloads (the Prometheus stale marker) survive bit-exact end to end.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from array import array
+from dataclasses import dataclass, field
+
+Labels = tuple[tuple[str, str], ...]
+
+# Prometheus' staleness marker: a NaN with this exact bit pattern (model/value.StaleNaN).
+STALE_NAN_BITS = 0x7FF0000000000002
+STALE_NAN: float = struct.unpack("<d", struct.pack("<Q", STALE_NAN_BITS))[0]
+
+
+def float_bits(value: float) -> int:
+    return struct.unpack("<Q", struct.pack("<d", value))[0]
+
+
+def is_stale(value: float) -> bool:
+    return math.isnan(value) and float_bits(value) == STALE_NAN_BITS
+
+
+def metric_name(labels: Labels) -> str:
+    for name, value in labels:
+        if name == "__name__":
+            return value
+    return ""
+
+
+@dataclass(slots=True)
+class ScrapeBlock:
+    """All samples of one scrape of one target."""
+
+    timestamp_ms: int
+    series: array = field(default_factory=lambda: array("I"))  # indices into Batch.labelsets
+    values: array = field(default_factory=lambda: array("d"))
+    # Per-sample timestamps, only when the exposition carried explicit ones; else all = timestamp_ms.
+    timestamps: array | None = None
+
+    def sample_timestamp(self, i: int) -> int:
+        return self.timestamp_ms if self.timestamps is None else self.timestamps[i]
+
+
+@dataclass(slots=True)
+class Batch:
+    """One encoded unit on the wire and one row in the spool."""
+
+    cluster: str
+    node: str
+    seq: int
+    labelsets: list[Labels]
+    scrapes: list[ScrapeBlock]
+
+    @property
+    def sample_count(self) -> int:
+        return sum(len(s.values) for s in self.scrapes)
+
+    @property
+    def first_timestamp_ms(self) -> int:
+        return min((_min_ts(s) for s in self.scrapes), default=0)
+
+    @property
+    def last_timestamp_ms(self) -> int:
+        return max((_max_ts(s) for s in self.scrapes), default=0)
+
+
+def _min_ts(block: ScrapeBlock) -> int:
+    if block.timestamps:
+        return min(block.timestamps)
+    return block.timestamp_ms
+
+
+def _max_ts(block: ScrapeBlock) -> int:
+    if block.timestamps:
+        return max(block.timestamps)
+    return block.timestamp_ms

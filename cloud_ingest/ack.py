@@ -1,0 +1,44 @@
+"""Stage 4 (cloud): tell the edge the outcome, then release the MQTT message.
+
+The application ack goes to ``<prefix>/v1/<cluster>/<node>/ack`` (QoS 1); only after that is the
+MQTT PUBACK sent, so a replica that dies before this point leaves the message with the broker, which
+hands it to another replica.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import paho.mqtt.client as mqtt
+
+from schemas import codec, topics
+
+
+class Connection(Protocol):
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1) -> None: ...
+
+    def puback(self, message: mqtt.MQTTMessage) -> None: ...
+
+
+class Acker:
+    def __init__(self, connection: Connection, prefix: str) -> None:
+        self.connection = connection
+        self.prefix = prefix
+
+    def ack(
+        self,
+        message: mqtt.MQTTMessage,
+        *,
+        cluster: str,
+        node: str,
+        seq: int,
+        result: str,
+        reason: str | None = None,
+    ) -> None:
+        payload = codec.encode_ack(node, [codec.AckResult(seq, result, reason)])
+        self.connection.publish(topics.ack_topic(self.prefix, cluster, node), payload, qos=1)
+        self.connection.puback(message)
+
+    def release(self, message: mqtt.MQTTMessage) -> None:
+        """PUBACK without an application ack: the edge will publish the batch again later."""
+        self.connection.puback(message)

@@ -1,0 +1,32 @@
+"""``cloud-ingest``: the cloud ingester's command line."""
+
+from __future__ import annotations
+
+import sys
+
+from relay_common import cli
+
+COMMANDS: cli.Commands = {
+    "run": ("cloud_ingest.service", "receive batches over MQTT and write them with Prometheus remote-write"),
+    "dead-letters": (
+        "cloud_ingest.deadletters_cmd",
+        "list the batches that could not be written, with reasons",
+    ),
+    "check-config": (
+        "cloud_ingest.checkconfig",
+        "validate a config file and print it with defaults filled in",
+    ),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main(
+        COMMANDS,
+        "cloud-ingest",
+        "Cloud ingester: MQTT batches from edge relays -> Prometheus remote-write.",
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,225 @@
+"""``cloud-ingest run``: subscribe -> decode -> write -> ack, with a dead-letter store and self-metrics.
+
+Batches of one node always go to the same worker thread, so a node's batches are written in the
+order they arrived; different nodes are written in parallel. The ingester keeps no state that
+another replica would need: any replica can decode and write any batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import queue
+import signal
+import threading
+import time
+import zlib
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+from cloud_ingest import settings as settings_mod
+from cloud_ingest.ack import Acker
+from cloud_ingest.deadletter import DeadLetterStore
+from cloud_ingest.decode import Refused, decode
+from cloud_ingest.selfmetrics import IngestMetrics
+from cloud_ingest.settings import Settings
+from cloud_ingest.subscribe import Subscriber
+from cloud_ingest.write import RemoteWriteClient
+from relay_common.backoff import Backoff
+from relay_common.httpserver import MetricsServer
+from schemas import codec, topics
+
+log = logging.getLogger("cloud_ingest")
+
+
+class Ingester:
+    def __init__(self, s: Settings, metrics: IngestMetrics | None = None) -> None:
+        self.settings = s
+        self.metrics = metrics or IngestMetrics()
+        self.stop_event = threading.Event()
+        self.dead_letters = DeadLetterStore(s.dead_letter_path)
+        self.writer = RemoteWriteClient(
+            s.remote_write_url,
+            timeout_s=s.remote_write_timeout_seconds,
+            headers=s.remote_write_headers,
+            backoff=Backoff(s.retry_min_seconds, s.retry_max_seconds),
+            max_retry_s=s.max_retry_seconds,
+            stop_event=self.stop_event,
+        )
+        self.subscriber = Subscriber(
+            host=s.mqtt_host,
+            port=s.mqtt_port,
+            client_id=s.client_id,
+            prefix=s.topic_prefix,
+            share_group=s.share_group,
+            keepalive_seconds=s.keepalive_seconds,
+            session_expiry_seconds=s.session_expiry_seconds,
+            receive_maximum=s.receive_maximum,
+            reconnect_min_seconds=s.reconnect_min_seconds,
+            reconnect_max_seconds=s.reconnect_max_seconds,
+            on_batch=self._enqueue,
+            on_status=self._on_status,
+            on_connection=lambda up: self.metrics.mqtt_connected.set(1 if up else 0),
+            username=s.username,
+            password=s.password,
+            tls=s.tls,
+        )
+        self.acker = Acker(self.subscriber, s.topic_prefix)
+        self.queues: list[queue.Queue[mqtt.MQTTMessage | None]] = [queue.Queue() for _ in range(s.workers)]
+        self.workers = [
+            threading.Thread(target=self._work, args=(q,), name=f"ingest-{i}", daemon=True)
+            for i, q in enumerate(self.queues)
+        ]
+        self._logged: set[tuple[str | None, str]] = set()
+
+    def start(self) -> None:
+        for w in self.workers:
+            w.start()
+        self.subscriber.start()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.subscriber.stop()
+        for q in self.queues:
+            q.put(None)
+        for w in self.workers:
+            w.join(30)
+        self.dead_letters.close()
+
+    # --- subscribe --------------------------------------------------------------------------
+
+    def _enqueue(self, message: mqtt.MQTTMessage) -> None:
+        levels = message.topic.split("/")
+        node_key = "/".join(levels[-3:-1]).encode()
+        self.queues[zlib.crc32(node_key) % len(self.queues)].put(message)
+        self.metrics.queue_depth.inc()
+
+    def _on_status(self, message: mqtt.MQTTMessage) -> None:
+        try:
+            cluster, node, _ = topics.parse_topic(self.settings.topic_prefix, message.topic)
+            if not message.payload:
+                return  # a cleared retained message
+            status = codec.decode_status(message.payload)
+        except (ValueError, codec.DecodeError) as e:
+            self._log_once(None, "bad_status", f"ignoring malformed status on {message.topic}: {e}")
+            return
+        self.metrics.node_online.labels(cluster, node).set(1 if status.get("state") == "online" else 0)
+        rows = status.get("spool_rows")
+        if isinstance(rows, int):
+            self.metrics.node_backlog_rows.labels(cluster, node).set(rows)
+
+    # --- decode -> write -> ack ---------------------------------------------------------------
+
+    def _work(self, q: queue.Queue[mqtt.MQTTMessage | None]) -> None:
+        while True:
+            message = q.get()
+            if message is None:
+                return
+            try:
+                self.handle(message)
+            except Exception:
+                # Leave the message un-PUBACKed: the broker redelivers it after a reconnect.
+                log.exception("unexpected error handling a batch from %s", message.topic)
+            finally:
+                self.metrics.queue_depth.dec()
+
+    def _log_once(self, node: str | None, reason: str, text: str) -> None:
+        if (node, reason) not in self._logged:
+            self._logged.add((node, reason))
+            log.error("%s (further %s refusals from this node are only counted)", text, reason)
+
+    def handle(self, message: mqtt.MQTTMessage) -> str:
+        """Process one batch message to its final outcome; returns the outcome name."""
+        s = self.settings
+        payload = bytes(message.payload)
+        try:
+            decoded = decode(
+                message.topic,
+                payload,
+                prefix=s.topic_prefix,
+                limits=s.limits,
+                max_future_seconds=s.max_future_seconds,
+            )
+        except Refused as r:
+            self.metrics.refused.labels(r.reason).inc()
+            self.metrics.dead_letters.labels(r.reason).inc()
+            self._log_once(r.node, r.reason, f"refused batch on {message.topic}: {r}")
+            self.dead_letters.put(
+                message.topic, payload, f"{r.reason}: {r}", cluster=r.cluster, node=r.node, seq=r.seq
+            )
+            if r.seq is not None and r.node is not None and r.cluster is not None:
+                self.acker.ack(
+                    message, cluster=r.cluster, node=r.node, seq=r.seq, result="rejected", reason=r.reason
+                )
+                self.metrics.acks.labels("rejected").inc()
+            else:
+                self.acker.release(message)
+            self.metrics.messages.labels("refused").inc()
+            return "refused"
+        batch = decoded.batch
+        started = time.monotonic()
+        outcome = self.writer.write(batch)
+        self.metrics.write_duration.observe(time.monotonic() - started)
+        if outcome.status == "written":
+            self.metrics.samples_written.labels(decoded.node).inc(batch.sample_count)
+            self.metrics.batches_written.labels(decoded.node).inc()
+            self.metrics.last_batch.labels(decoded.cluster, decoded.node).set(batch.last_timestamp_ms / 1000)
+            self.metrics.last_seq.labels(decoded.cluster, decoded.node).set(batch.seq)
+            self.acker.ack(message, cluster=decoded.cluster, node=decoded.node, seq=batch.seq, result="ok")
+            self.metrics.acks.labels("ok").inc()
+        elif outcome.status == "rejected":
+            reason = outcome.reason or "rejected by the remote-write receiver"
+            log.error("receiver rejected batch %s seq=%d: %s", decoded.node, batch.seq, reason)
+            self.dead_letters.put(
+                message.topic, payload, reason, cluster=decoded.cluster, node=decoded.node, seq=batch.seq
+            )
+            self.metrics.dead_letters.labels("receiver_rejected").inc()
+            self.acker.ack(
+                message,
+                cluster=decoded.cluster,
+                node=decoded.node,
+                seq=batch.seq,
+                result="rejected",
+                reason=reason,
+            )
+            self.metrics.acks.labels("rejected").inc()
+        elif self.stop_event.is_set():
+            # Shutting down mid-retry: no PUBACK, so the broker gives the batch to another replica.
+            return "abandoned"
+        else:
+            log.warning("giving up on batch %s seq=%d for now: %s", decoded.node, batch.seq, outcome.reason)
+            self.metrics.retry_later.inc()
+            self.acker.release(message)
+        self.metrics.messages.labels(outcome.status).inc()
+        return outcome.status
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="cloud ingester config file (YAML)")
+
+
+def run(args: argparse.Namespace) -> int:
+    s = settings_mod.load(args.config)
+    logging.getLogger().setLevel(s.log_level)
+    ingester = Ingester(s)
+    server = MetricsServer.start(
+        s.metrics_listen, ingester.metrics.registry, ready=ingester.subscriber.connected.is_set
+    )
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        done.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info(
+        "cloud ingest %s: %s -> %s (%d workers)", s.client_id, s.mqtt_host, s.remote_write_url, s.workers
+    )
+    ingester.start()
+    done.wait()
+    ingester.stop()
+    if server is not None:
+        server.stop()
+    return 0

@@ -1,0 +1,102 @@
+"""Typed view of the ingester's configuration.
+
+Keys, defaults and their documentation live in schemas/cloud-ingest-config.schema.json.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+
+from relay_common import config as config_loader
+from relay_common.config import ConfigError
+from relay_common.mqtt_tls import TLS, tls_from
+from schemas import topics
+from schemas.codec import Limits
+
+SCHEMA = "cloud-ingest-config.schema.json"
+ENV_OVERRIDES: tuple[config_loader.EnvOverride, ...] = (
+    ("mqtt.client_id", ("CLOUD_INGEST_CLIENT_ID",), str),
+    ("mqtt.password", ("CLOUD_INGEST_MQTT_PASSWORD",), str),
+    ("remote_write.url", ("CLOUD_INGEST_REMOTE_WRITE_URL",), str),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    source: str
+    log_level: str
+    mqtt_host: str
+    mqtt_port: int
+    client_id: str
+    username: str | None
+    password: str | None
+    tls: TLS | None
+    keepalive_seconds: int
+    session_expiry_seconds: int
+    topic_prefix: str
+    share_group: str | None
+    receive_maximum: int
+    reconnect_min_seconds: float
+    reconnect_max_seconds: float
+    remote_write_url: str
+    remote_write_timeout_seconds: float
+    remote_write_headers: dict[str, str]
+    retry_min_seconds: float
+    retry_max_seconds: float
+    max_retry_seconds: float
+    workers: int
+    limits: Limits
+    max_future_seconds: float
+    dead_letter_path: str
+    metrics_listen: str
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+def load(path: str) -> Settings:
+    return from_dict(config_loader.load(path, SCHEMA, ENV_OVERRIDES), path)
+
+
+def from_dict(raw: dict[str, Any], source: str) -> Settings:
+    mqtt, rw, lim = raw["mqtt"], raw["remote_write"], raw["limits"]
+    try:
+        topics.validate_prefix(mqtt["topic_prefix"])
+    except ValueError as e:
+        raise ConfigError(f"{source}: key `mqtt.topic_prefix`: {e}") from e
+    return Settings(
+        source=source,
+        log_level=raw["log_level"],
+        mqtt_host=mqtt["host"],
+        mqtt_port=mqtt["port"],
+        client_id=mqtt.get("client_id") or f"cloud-ingest-{socket.gethostname()}",
+        username=mqtt.get("username"),
+        password=mqtt.get("password"),
+        tls=tls_from(mqtt.get("tls")),
+        keepalive_seconds=mqtt["keepalive_seconds"],
+        session_expiry_seconds=mqtt["session_expiry_seconds"],
+        topic_prefix=mqtt["topic_prefix"],
+        share_group=mqtt["share_group"] or None,
+        receive_maximum=mqtt["receive_maximum"],
+        reconnect_min_seconds=float(mqtt["reconnect_min_seconds"]),
+        reconnect_max_seconds=float(mqtt["reconnect_max_seconds"]),
+        remote_write_url=rw["url"],
+        remote_write_timeout_seconds=float(rw["timeout_seconds"]),
+        remote_write_headers=dict(rw["headers"]),
+        retry_min_seconds=float(rw["retry_min_seconds"]),
+        retry_max_seconds=float(rw["retry_max_seconds"]),
+        max_retry_seconds=float(rw["max_retry_seconds"]),
+        workers=raw["workers"],
+        limits=Limits(
+            max_payload_bytes=lim["max_payload_bytes"],
+            max_decompressed_bytes=lim["max_decompressed_bytes"],
+            max_series=lim["max_series"],
+            max_samples=lim["max_samples"],
+            max_labels_per_series=lim["max_labels_per_series"],
+            max_label_value_bytes=lim["max_label_value_bytes"],
+        ),
+        max_future_seconds=float(lim["max_future_seconds"]),
+        dead_letter_path=raw["dead_letter"]["path"],
+        metrics_listen=raw["metrics"]["listen"],
+        raw=raw,
+    )

@@ -1,0 +1,26 @@
+"""``edge-relay``: the edge sidecar's command line."""
+
+from __future__ import annotations
+
+import sys
+
+from relay_common import cli
+
+COMMANDS: cli.Commands = {
+    "run": ("edge_relay.relay", "scrape, spool and ship metrics as configured (the sidecar's main job)"),
+    "simulate": ("edge_relay.simulate", "serve simulated Kepler / dcgm-exporter / node-exporter metrics"),
+    "check-config": ("edge_relay.checkconfig", "validate a config file and print it with defaults filled in"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli.main(
+        COMMANDS,
+        "edge-relay",
+        "Edge metrics relay: scrape exporters, spool while offline, ship over MQTT.",
+        argv,
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

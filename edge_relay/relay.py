@@ -1,0 +1,209 @@
+"""``edge-relay run``: wires the stages together (scrape -> parse -> shape -> encode -> spool -> uplink).
+
+Scrapes run on a fixed grid of ``interval_seconds``; all targets of one tick are scraped in parallel
+and their samples go into the spool as one or more batches before the uplink is woken. A cycle that
+overruns skips the grid points it missed instead of scraping in a burst.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from edge_relay import settings as settings_mod
+from edge_relay.encode import BatchEncoder
+from edge_relay.parse import ParseError, SampleLimitExceeded, SeriesCache, parse
+from edge_relay.scrape import Fetched, Scraper
+from edge_relay.selfmetrics import RelayMetrics
+from edge_relay.settings import Settings, Target
+from edge_relay.shape import ShapedScrape, TargetShaper, fill_labels_for
+from edge_relay.spool import Spool, SpoolFullError
+from edge_relay.uplink import Uplink
+from relay_common.httpserver import MetricsServer
+
+log = logging.getLogger("edge_relay")
+
+
+class TargetLoop:
+    """Scrape -> parse -> shape for one target; state (caches, previous series) lives here."""
+
+    def __init__(self, target: Target, s: Settings, metrics: RelayMetrics) -> None:
+        self.target = target
+        self.metrics = metrics
+        self.sample_limit = s.sample_limit
+        self.scraper = Scraper(
+            target.url, fmt=target.format, timeout_s=s.timeout_seconds, body_limit_bytes=s.body_limit_bytes
+        )
+        self.cache = SeriesCache()
+        self.shaper = TargetShaper(
+            target.name,
+            {"job": target.job, "instance": target.instance, **target.labels},
+            fill_labels_for(s.cluster, s.node, s.add_node_labels, s.external_labels),
+        )
+        self._last_error = ""
+
+    def run_once(self) -> ShapedScrape:
+        fetched: Fetched = self.scraper.fetch()
+        samples = None
+        result = "ok"
+        error = fetched.error
+        if fetched.ok:
+            try:
+                samples = parse(fetched.body, fetched.content_type, self.cache, self.sample_limit)
+            except SampleLimitExceeded as e:
+                error, result = str(e), "sample_limit"
+            except ParseError as e:
+                error, result = f"cannot parse exposition: {e}", "parse_error"
+        else:
+            result = "http_error"
+        duration = time.time() - fetched.timestamp_ms / 1000
+        if samples is None:
+            # Log a failing target once per distinct error, not every interval.
+            if error != self._last_error:
+                log.error("scrape of %s (%s) failed: %s", self.target.name, self.target.url, error)
+            self._last_error = error
+        elif self._last_error:
+            log.info("scrape of %s recovered", self.target.name)
+            self._last_error = ""
+        self.metrics.scrapes.labels(self.target.name, result).inc()
+        self.metrics.scrape_duration.labels(self.target.name).observe(duration)
+        if samples is not None:
+            self.metrics.samples_scraped.labels(self.target.name).inc(len(samples))
+        shaped = self.shaper.shape(fetched.timestamp_ms, samples, duration)
+        if shaped.duplicates:
+            self.metrics.samples_dropped.labels("duplicate_series").inc(shaped.duplicates)
+        if shaped.over_label_limits:
+            self.metrics.samples_dropped.labels("label_limits").inc(shaped.over_label_limits)
+        self.metrics.stale_markers.inc(shaped.stale_markers)
+        return shaped
+
+
+class Relay:
+    def __init__(self, s: Settings, metrics: RelayMetrics | None = None) -> None:
+        self.settings = s
+        self.metrics = metrics or RelayMetrics()
+        self.spool = Spool(s.spool_path, synchronous=s.spool_synchronous, max_bytes=s.spool_max_bytes or None)
+        self.loops = [TargetLoop(t, s, self.metrics) for t in s.targets]
+        self.encoder = BatchEncoder(s.cluster, s.node, max_bytes=s.batch_max_bytes, zstd_level=s.zstd_level)
+        self.uplink = Uplink(
+            s.mqtt, cluster=s.cluster, node=s.node, spool=self.spool, metrics=self.metrics, status=self.status
+        )
+        self.stop_event = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=max(1, len(self.loops)), thread_name_prefix="scrape")
+        self.cycles = 0
+
+    def status(self) -> dict[str, Any]:
+        st = self.spool.stats()
+        oldest = st.oldest_first_ts_ms
+        return {
+            "spool_rows": st.rows,
+            "spool_bytes": st.bytes,
+            "spool_samples": st.samples,
+            "oldest_unsent_ms": oldest,
+            "quarantined_rows": st.quarantined_rows,
+        }
+
+    def _update_spool_metrics(self) -> None:
+        st = self.spool.stats()
+        m = self.metrics
+        m.spool_rows.set(st.rows)
+        m.spool_bytes.set(st.bytes)
+        m.spool_quarantined.set(st.quarantined_rows)
+        age = 0.0 if st.oldest_first_ts_ms is None else max(0.0, time.time() - st.oldest_first_ts_ms / 1000)
+        m.spool_oldest_age.set(age)
+
+    def cycle(self) -> int:
+        """One scrape of every target, spooled. Returns the number of samples spooled."""
+        shaped = list(self.pool.map(lambda loop: loop.run_once(), self.loops))
+        spooled = 0
+        for batch in self.encoder.build(shaped):
+            n = batch.sample_count
+            try:
+                self.spool.append(
+                    lambda seq, b=batch: self.encoder.encode(b, seq),
+                    first_ts_ms=batch.first_timestamp_ms,
+                    last_ts_ms=batch.last_timestamp_ms,
+                    sample_count=n,
+                )
+            except SpoolFullError as e:
+                # Nothing else can hold these samples; count them as lost, loudly.
+                log.error("spool is full (%s): %d samples of this cycle are lost", e, n)
+                self.metrics.spool_errors.labels("full").inc()
+                self.metrics.samples_dropped.labels("spool_full").inc(n)
+                continue
+            spooled += n
+            self.metrics.batches_spooled.inc()
+            self.metrics.samples_spooled.inc(n)
+        self.cycles += 1
+        self._update_spool_metrics()
+        self.uplink.kick()
+        return spooled
+
+    def run(self) -> None:
+        interval = self.settings.interval_seconds
+        self.uplink.start()
+        next_tick = time.monotonic()
+        while not self.stop_event.is_set():
+            try:
+                self.cycle()
+            except Exception:
+                log.exception("scrape cycle failed")
+            next_tick += interval
+            now = time.monotonic()
+            if next_tick < now:
+                missed = int((now - next_tick) // interval) + 1
+                log.warning("scrape cycle overran the %gs interval; skipping %d tick(s)", interval, missed)
+                next_tick += missed * interval
+            self.stop_event.wait(max(0.0, next_tick - time.monotonic()))
+
+    def shutdown(self, drain_seconds: float = 5.0) -> None:
+        self.stop_event.set()
+        self.uplink.stop(drain_seconds)
+        self.pool.shutdown(wait=True)
+        for loop in self.loops:
+            loop.scraper.close()
+        self._update_spool_metrics()
+        self.spool.close()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", required=True, help="edge relay config file (YAML)")
+    parser.add_argument(
+        "--drain-seconds", type=float, default=5.0, help="on SIGTERM, wait this long for in-flight acks"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    s = settings_mod.load(args.config)
+    logging.getLogger().setLevel(s.log_level)
+    relay = Relay(s)
+    server = MetricsServer.start(s.metrics_listen, relay.metrics.registry, ready=lambda: relay.cycles > 0)
+    log.info(
+        "edge relay %s/%s: %d target(s) every %gs, spool %s, broker %s:%d",
+        s.cluster,
+        s.node,
+        len(s.targets),
+        s.interval_seconds,
+        s.spool_path,
+        s.mqtt.host,
+        s.mqtt.port,
+    )
+
+    def on_signal(signum: int, frame: Any) -> None:
+        log.info("signal %d: stopping", signum)
+        relay.stop_event.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        relay.run()
+    finally:
+        relay.shutdown(args.drain_seconds)
+        if server is not None:
+            server.stop()
+    return 0

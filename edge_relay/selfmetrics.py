@@ -1,0 +1,91 @@
+"""The relay's own metrics (``edge_relay_*``), defined once for every stage.
+
+Each relay process gets its own registry so tests can run several relays in one interpreter.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class RelayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.scrapes = Counter(
+            "edge_relay_scrapes_total", "Scrapes by target and result.", ["target", "result"], registry=r
+        )
+        self.scrape_duration = Histogram(
+            "edge_relay_scrape_duration_seconds",
+            "Time to fetch and parse one target.",
+            ["target"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.samples_scraped = Counter(
+            "edge_relay_samples_scraped_total", "Samples parsed from targets.", ["target"], registry=r
+        )
+        self.samples_spooled = Counter(
+            "edge_relay_samples_spooled_total",
+            "Samples written to the spool (scraped, synthetic and stale markers).",
+            registry=r,
+        )
+        self.samples_dropped = Counter(
+            "edge_relay_samples_dropped_total",
+            "Samples dropped on purpose or by force, by reason. Each one is also in the loss ledger.",
+            ["reason"],
+            registry=r,
+        )
+        self.stale_markers = Counter(
+            "edge_relay_stale_markers_total", "Stale markers emitted for vanished series.", registry=r
+        )
+        self.batches_spooled = Counter(
+            "edge_relay_batches_spooled_total", "Batches written to the spool.", registry=r
+        )
+        self.batch_bytes = Counter(
+            "edge_relay_batch_bytes_total", "Encoded bytes of batches written to the spool.", registry=r
+        )
+        self.spool_rows = Gauge("edge_relay_spool_rows", "Batches waiting in the spool.", registry=r)
+        self.spool_bytes = Gauge(
+            "edge_relay_spool_bytes", "Bytes of batches waiting in the spool.", registry=r
+        )
+        self.spool_oldest_age = Gauge(
+            "edge_relay_spool_oldest_sample_age_seconds",
+            "Age of the oldest sample not yet acknowledged by the cloud.",
+            registry=r,
+        )
+        self.spool_quarantined = Gauge(
+            "edge_relay_spool_quarantined_rows", "Corrupt spool rows moved to quarantine.", registry=r
+        )
+        self.spool_errors = Counter(
+            "edge_relay_spool_errors_total", "Spool write failures by reason.", ["reason"], registry=r
+        )
+        self.published = Counter(
+            "edge_relay_batches_published_total",
+            "Batch publications (first attempts and republications).",
+            ["kind"],
+            registry=r,
+        )
+        self.publish_bytes = Counter(
+            "edge_relay_publish_payload_bytes_total", "MQTT payload bytes of published batches.", registry=r
+        )
+        self.acked = Counter(
+            "edge_relay_batches_acked_total",
+            "Application acks from the cloud by result.",
+            ["result"],
+            registry=r,
+        )
+        self.inflight = Gauge(
+            "edge_relay_inflight_batches", "Batches published and not yet acked.", registry=r
+        )
+        self.mqtt_connected = Gauge(
+            "edge_relay_mqtt_connected", "1 while connected to the broker.", registry=r
+        )
+        self.mqtt_connects = Counter(
+            "edge_relay_mqtt_connect_attempts_total", "Connection attempts by result.", ["result"], registry=r
+        )
+        self.ack_latency = Histogram(
+            "edge_relay_ack_latency_seconds",
+            "Time from the last publication of a batch to its application ack.",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            registry=r,
+        )

@@ -1,0 +1,154 @@
+"""Typed view of the edge relay's configuration.
+
+Keys, defaults and their documentation live in schemas/edge-relay-config.schema.json.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+from relay_common import config as config_loader
+from relay_common.config import ConfigError
+from relay_common.mqtt_tls import TLS, tls_from
+from schemas import topics
+
+SCHEMA = "edge-relay-config.schema.json"
+ENV_OVERRIDES: tuple[config_loader.EnvOverride, ...] = (
+    ("node", ("EDGE_RELAY_NODE", "NODE_NAME"), str),
+    ("scrape.interval_seconds", ("EDGE_RELAY_SCRAPE_INTERVAL",), float),
+    ("mqtt.password", ("EDGE_RELAY_MQTT_PASSWORD",), str),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    name: str
+    url: str
+    job: str
+    instance: str
+    format: str
+    labels: dict[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class MQTT:
+    host: str
+    port: int
+    protocol: str
+    client_id: str
+    username: str | None
+    password: str | None
+    tls: TLS | None
+    keepalive_seconds: int
+    session_expiry_seconds: int
+    topic_prefix: str
+    inflight_batches: int
+    ack_timeout_seconds: float
+    reconnect_min_seconds: float
+    reconnect_max_seconds: float
+    status_interval_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    source: str
+    node: str
+    cluster: str
+    add_node_labels: bool
+    external_labels: dict[str, str]
+    log_level: str
+    interval_seconds: float
+    timeout_seconds: float
+    body_limit_bytes: int
+    sample_limit: int
+    targets: tuple[Target, ...]
+    spool_path: str
+    spool_synchronous: str
+    spool_max_bytes: int
+    batch_max_bytes: int
+    zstd_level: int
+    mqtt: MQTT
+    metrics_listen: str
+    raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+
+def _instance_for(url: str, node: str) -> str:
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return f"{node}:{port}"
+
+
+def load(path: str) -> Settings:
+    raw = config_loader.load(path, SCHEMA, ENV_OVERRIDES)
+    return from_dict(raw, path)
+
+
+def from_dict(raw: dict[str, Any], source: str) -> Settings:
+    node = raw.get("node") or socket.gethostname()
+    cluster = raw["cluster"]
+    scrape, mqtt = raw["scrape"], raw["mqtt"]
+    try:
+        topics.validate_name("node", node)
+        topics.validate_name("cluster", cluster)
+        topics.validate_prefix(mqtt["topic_prefix"])
+    except ValueError as e:
+        raise ConfigError(f"{source}: {e}") from e
+    names = [t["name"] for t in raw["targets"]]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"{source}: key `targets`: target names must be unique, repeated: {duplicates}")
+    if mqtt["reconnect_max_seconds"] < mqtt["reconnect_min_seconds"]:
+        raise ConfigError(f"{source}: key `mqtt.reconnect_max_seconds` must be >= mqtt.reconnect_min_seconds")
+    tls = tls_from(mqtt.get("tls"))
+    targets = tuple(
+        Target(
+            name=t["name"],
+            url=t["url"],
+            job=t.get("job", t["name"]),
+            instance=t.get("instance") or _instance_for(t["url"], node),
+            format=t["format"],
+            labels=dict(t["labels"]),
+        )
+        for t in raw["targets"]
+    )
+    return Settings(
+        source=source,
+        node=node,
+        cluster=cluster,
+        add_node_labels=raw["add_node_labels"],
+        external_labels=dict(raw["external_labels"]),
+        log_level=raw["log_level"],
+        interval_seconds=float(scrape["interval_seconds"]),
+        timeout_seconds=min(float(scrape["timeout_seconds"]), float(scrape["interval_seconds"])),
+        body_limit_bytes=scrape["body_limit_bytes"],
+        sample_limit=scrape["sample_limit"],
+        targets=targets,
+        spool_path=os.path.expanduser(raw["spool"]["path"]),
+        spool_synchronous=raw["spool"]["synchronous"],
+        spool_max_bytes=raw["spool"]["max_bytes"],
+        batch_max_bytes=raw["batch"]["max_bytes"],
+        zstd_level=raw["batch"]["zstd_level"],
+        mqtt=MQTT(
+            host=mqtt["host"],
+            port=mqtt["port"],
+            protocol=mqtt["protocol"],
+            client_id=mqtt.get("client_id") or f"edge-relay-{cluster}-{node}",
+            username=mqtt.get("username"),
+            password=mqtt.get("password"),
+            tls=tls,
+            keepalive_seconds=mqtt["keepalive_seconds"],
+            session_expiry_seconds=mqtt["session_expiry_seconds"],
+            topic_prefix=mqtt["topic_prefix"],
+            inflight_batches=mqtt["inflight_batches"],
+            ack_timeout_seconds=float(mqtt["ack_timeout_seconds"]),
+            reconnect_min_seconds=float(mqtt["reconnect_min_seconds"]),
+            reconnect_max_seconds=float(mqtt["reconnect_max_seconds"]),
+            status_interval_seconds=float(mqtt["status_interval_seconds"]),
+        ),
+        metrics_listen=raw["metrics"]["listen"],
+        raw=raw,
+    )

@@ -1,0 +1,166 @@
+"""Stage 3: turn one parsed scrape into the samples the cloud should store.
+
+What it does, per target and scrape, the way a Prometheus server does at scrape time:
+- attaches ``job``, ``instance`` and the target's labels (an exposed label of the same name is kept as
+  ``exported_<name>``, like ``honor_labels: false``), then ``cluster``/``node`` and external labels
+  where the series has no such label (like ``external_labels``);
+- adds the synthetic series ``up``, ``scrape_duration_seconds``, ``scrape_samples_scraped``;
+- emits a stale marker (the exact NaN 0x7ff0000000000002) for each series that vanished since the
+  previous scrape, and for every series when the scrape failed;
+- drops a second sample of the same series in one scrape (Prometheus drops it too), counted;
+- drops series the cloud would refuse (more labels or longer label values than the wire limits),
+  counted, instead of letting one bad series fail the whole batch.
+
+Samples that carry their own timestamp keep it and get no stale marker (as in Prometheus).
+The bandwidth-budget shaping (classes, downsampling) will live here too.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from schemas.codec import DEFAULT_LIMITS, Limits
+from schemas.model import STALE_NAN, Labels
+
+ParsedSample = tuple[Labels, float, int | None]
+
+
+@dataclass(slots=True)
+class ShapedScrape:
+    target: str
+    timestamp_ms: int
+    labels: list[Labels] = field(default_factory=list)
+    values: array = field(default_factory=lambda: array("d"))
+    # Per-sample timestamps, only when some sample carried an explicit one.
+    timestamps: list[int] | None = None
+    stale_markers: int = 0
+    duplicates: int = 0
+    over_label_limits: int = 0
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+
+class TargetShaper:
+    """Per-target state: label decoration cache and the series of the previous scrape."""
+
+    def __init__(
+        self,
+        target: str,
+        target_labels: dict[str, str],
+        fill_labels: dict[str, str],
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        self.target = target
+        self.limits = limits
+        # job/instance/... override exposed labels; fill labels only fill gaps.
+        self.target_labels = dict(sorted(target_labels.items()))
+        self.fill_labels = dict(sorted(fill_labels.items()))
+        self._decorated: dict[Labels, Labels | None] = {}
+        self._previous: set[Labels] = set()
+        base = {**self.fill_labels, **self.target_labels}
+        self._up = self._synthetic(base, "up")
+        self._duration = self._synthetic(base, "scrape_duration_seconds")
+        self._scraped = self._synthetic(base, "scrape_samples_scraped")
+
+    @staticmethod
+    def _synthetic(base: dict[str, str], name: str) -> Labels:
+        return tuple(sorted({**base, "__name__": name}.items()))
+
+    def decorate(self, labels: Labels) -> Labels | None:
+        """Final labels, or None for a series over the wire limits."""
+        try:
+            return self._decorated[labels]
+        except KeyError:
+            pass
+        result = dict(labels)
+        for name, value in self.target_labels.items():
+            if name in result:
+                result[f"exported_{name}"] = result[name]
+            result[name] = value
+        for name, value in self.fill_labels.items():
+            result.setdefault(name, value)
+        decorated: Labels | None = tuple(sorted(result.items()))
+        if not self._within_limits(decorated):
+            decorated = None
+        if len(self._decorated) > 4 * max(len(self._previous), 50_000):
+            self._decorated.clear()  # bound memory under series churn
+        self._decorated[labels] = decorated
+        return decorated
+
+    def _within_limits(self, labels: Labels) -> bool:
+        lim = self.limits
+        if len(labels) > lim.max_labels_per_series:
+            return False
+        return all(
+            len(n.encode()) <= lim.max_label_name_bytes and len(v.encode()) <= lim.max_label_value_bytes
+            for n, v in labels
+        )
+
+    def shape(
+        self,
+        timestamp_ms: int,
+        samples: Sequence[ParsedSample] | None,
+        duration_s: float,
+    ) -> ShapedScrape:
+        """``samples`` is None for a failed scrape."""
+        out = ShapedScrape(self.target, timestamp_ms)
+        labels_out, values_out = out.labels, out.values
+        explicit: dict[int, int] = {}
+        current: set[Labels] = set()
+        decorate = self.decorate
+        for labels, value, ts in samples or ():
+            final = decorate(labels)
+            if final is None:
+                out.over_label_limits += 1
+                continue
+            if ts is None:
+                if final in current:
+                    out.duplicates += 1
+                    continue
+                current.add(final)
+            else:
+                explicit[len(values_out)] = ts
+            labels_out.append(final)
+            values_out.append(value)
+        scraped = len(samples) if samples is not None else 0
+        for final in self._previous - current:
+            labels_out.append(final)
+            values_out.append(STALE_NAN)
+            out.stale_markers += 1
+        self._previous = current
+        for final, value in (
+            (self._up, 1.0 if samples is not None else 0.0),
+            (self._duration, duration_s),
+            (self._scraped, float(scraped)),
+        ):
+            labels_out.append(final)
+            values_out.append(value)
+        if explicit:
+            out.timestamps = [explicit.get(i, timestamp_ms) for i in range(len(values_out))]
+        return out
+
+    def forget(self) -> ShapedScrape:
+        """Stale markers for everything, used when a target is removed from the configuration."""
+        out = ShapedScrape(self.target, 0)
+        for final in (*self._previous, self._up, self._duration, self._scraped):
+            out.labels.append(final)
+            out.values.append(STALE_NAN)
+        self._previous = set()
+        return out
+
+
+def fill_labels_for(
+    cluster: str, node: str, add_node_labels: bool, external_labels: dict[str, str]
+) -> dict[str, str]:
+    fill = dict(external_labels)
+    if add_node_labels:
+        fill.setdefault("cluster", cluster)
+        fill.setdefault("node", node)
+    return fill
+
+
+def total_samples(scrapes: Iterable[ShapedScrape]) -> int:
+    return sum(len(s) for s in scrapes)

@@ -1,0 +1,852 @@
+"""Stage 5: the SQLite spool. Every encoded batch waits here until the cloud acknowledges it.
+
+One row per encoded batch. The scrape loop appends while the MQTT network thread acks, so the spool owns
+a single connection (``check_same_thread=False``) serialised by a ``threading.Lock``; SQLite's own
+locking (``busy_timeout``) only matters if another process opens the file, e.g. an operator's sqlite3.
+
+Durability. WAL mode with ``synchronous=FULL`` by default: every commit fsyncs the WAL before ``append``
+returns. Edge nodes lose *power*, not just processes; with ``NORMAL`` the last commits before a power cut
+may roll back, and a rolled-back ``append`` would hand out its seq a second time after the reboot, although
+the first batch with that seq may already be on its way to the cloud, where (node, seq) identifies a
+batch. ``NORMAL`` still survives ``kill -9`` (the OS keeps the WAL pages), so it is an option for nodes with
+reliable power or slow flash, never the default.
+
+Sequence numbers. ``seq`` is the row's INTEGER PRIMARY KEY but is allocated from ``meta.last_seq`` in the
+same transaction as the insert, so it is strictly increasing and never reused, even after every row is
+deleted and across restarts (SQLite alone would reuse the highest rowid after a delete). It is allocated
+*before* the payload exists because the payload (the encoded envelope) carries it.
+
+Values never live in SQLite columns (SQLite stores NaN as NULL, which would destroy the stale marker):
+they stay inside the payload BLOB, guarded by a CRC-32. ``pending`` verifies it and moves any row that
+fails into the ``quarantine`` table instead of returning it.
+
+Corrupt file. If opening fails with SQLITE_CORRUPT / SQLITE_NOTADB or ``PRAGMA quick_check`` is not ok (or
+an operation hits SQLITE_CORRUPT later), the file and its -wal/-shm are renamed to
+``<name>.corrupt-<unix-ms>``, every row that can still be read with a valid checksum is copied into a fresh
+spool, and seqs continue from ``max(highest seq still readable + 1, unix_ms * 1000)``. The time-derived
+floor is there because what is readable from a corrupt file may be stale (the lost part may have held
+higher seqs already sent); ``unix_ms * 1000`` stays above any earlier seq as long as the node averaged
+fewer than 1000 batches per millisecond since the previous reset, and stays below 2**53, so the seq is
+still exact in JSON. The relay never crash-loops on a corrupt spool; the event is logged at ERROR and kept
+in ``Spool.recovery`` / ``Spool.recovered_from``.
+
+Size cap. ``max_bytes`` caps the database pages via ``PRAGMA max_page_count`` and bounds the WAL with
+``journal_size_limit`` / ``wal_autocheckpoint``; a full cap or a full disk (SQLITE_FULL) makes ``append``
+raise ``SpoolFullError``. Deleted pages go to the freelist and are reused by the next inserts, so acks make
+room again without a VACUUM; ``compact()`` gives free pages back to the filesystem when wanted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import operator
+import os
+import sqlite3
+import threading
+import time
+import zlib
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, TypeVar, cast
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION: Final = 1
+
+_SQLITE_CORRUPT: Final = 11
+_SQLITE_FULL: Final = 13
+_SQLITE_NOTADB: Final = 26
+_SEQ_TIME_FACTOR: Final = 1000
+_MAX_VARS: Final = 500  # below SQLITE_MAX_VARIABLE_NUMBER (999) of old SQLite builds
+_SYNC_MODES: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
+_ORDERS: Final = {"oldest": "seq ASC", "newest": "seq DESC", "priority": "priority DESC, seq ASC"}
+_MIN_CAP_BYTES: Final = 64 * 1024
+_WAL_LIMIT_BYTES: Final = 4 * 1024 * 1024
+_SIDE_FILES: Final = ("-wal", "-shm", "-journal")
+_SALVAGE_CHUNK: Final = 64
+
+_COLUMNS: Final = (
+    "seq, payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size, priority, created_ms, "
+    "attempts, last_sent_ms"
+)
+
+_SCHEMA_V1: Final = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
+    # payload is nullable on purpose: corruption can produce NULL anyway, and pending() must be able to
+    # meet (and quarantine) it; the CRC, not a constraint, is what vouches for a row.
+    """CREATE TABLE IF NOT EXISTS batches (
+        seq INTEGER PRIMARY KEY,
+        payload BLOB,
+        checksum INTEGER NOT NULL,
+        first_ts_ms INTEGER NOT NULL,
+        last_ts_ms INTEGER NOT NULL,
+        sample_count INTEGER NOT NULL,
+        byte_size INTEGER NOT NULL,
+        priority INTEGER NOT NULL DEFAULT 0,
+        created_ms INTEGER NOT NULL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        last_sent_ms INTEGER
+    )""",
+    # No index on priority: it would cost a page write per append on flash, while sorting the few
+    # thousand keys of even a long backlog is cheap for the rare priority-ordered read.
+    # No constraints but the key: quarantined rows are by definition whatever the disk gave back.
+    """CREATE TABLE IF NOT EXISTS quarantine (
+        seq INTEGER PRIMARY KEY,
+        payload BLOB,
+        checksum INTEGER,
+        first_ts_ms INTEGER,
+        last_ts_ms INTEGER,
+        sample_count INTEGER,
+        byte_size INTEGER,
+        priority INTEGER,
+        created_ms INTEGER,
+        attempts INTEGER,
+        last_sent_ms INTEGER,
+        reason TEXT NOT NULL,
+        quarantined_ms INTEGER NOT NULL
+    )""",
+    "INSERT OR IGNORE INTO meta (key, value) VALUES ('last_seq', 0)",
+)
+
+_T = TypeVar("_T")
+
+
+class SpoolError(Exception):
+    """The spool cannot do what was asked (other than being full)."""
+
+
+class SpoolFullError(SpoolError):
+    """SQLite reported SQLITE_FULL: the ``max_bytes`` cap or the disk is full. Nothing was written."""
+
+
+class SpoolClosedError(SpoolError):
+    """The spool was closed."""
+
+
+class _CorruptFile(Exception):
+    """The file opened but failed ``PRAGMA quick_check``."""
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolRow:
+    seq: int
+    payload: bytes
+    checksum: int  # zlib.crc32(payload)
+    first_ts_ms: int
+    last_ts_ms: int
+    sample_count: int
+    byte_size: int
+    priority: int
+    created_ms: int
+    attempts: int
+    last_sent_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantinedRow:
+    """A row taken out of circulation. Columns are as found (``None`` where they were not an integer)."""
+
+    seq: int
+    reason: str
+    quarantined_ms: int
+    payload: bytes | None
+    checksum: int | None
+    first_ts_ms: int | None
+    last_ts_ms: int | None
+    sample_count: int | None
+    byte_size: int | None
+    priority: int | None
+    created_ms: int | None
+    attempts: int | None
+    last_sent_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolStats:
+    rows: int
+    bytes: int  # sum of payload sizes
+    samples: int
+    oldest_first_ts_ms: int | None
+    quarantined_rows: int
+    file_bytes: int  # database + WAL + shared-memory index on disk
+    last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolRecovery:
+    """A corrupt spool file was moved aside and replaced by a fresh one."""
+
+    path: Path
+    moved_to: Path
+    reason: str
+    salvaged_rows: int
+    next_seq: int
+    at_ms: int
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Spool:
+    """SQLite spool of encoded batches; see the module docstring for the guarantees."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        synchronous: str = "FULL",
+        max_bytes: int | None = None,
+        busy_timeout_ms: int = 5000,
+        check_on_open: bool = True,
+        keep_corrupt: int = 3,
+        clock_ms: Callable[[], int] = _wall_ms,
+    ) -> None:
+        """Open (creating or migrating) the spool at ``path``.
+
+        ``max_bytes``: approximate cap of the files on disk; ``None`` or 0 = only the disk limits it.
+        ``check_on_open``: run ``PRAGMA quick_check`` (reads the whole file once; turn off only where a
+        huge spool on slow flash makes start-up too slow; runtime corruption is still handled).
+        ``keep_corrupt``: how many moved-aside corrupt files to keep, so repeated corruption cannot fill
+        the disk with them.
+        """
+        sync = synchronous.upper()
+        if sync not in _SYNC_MODES:
+            raise ValueError(f"synchronous must be one of {sorted(_SYNC_MODES)}, not {synchronous!r}")
+        if max_bytes and max_bytes < _MIN_CAP_BYTES:
+            raise ValueError(f"max_bytes must be 0/None or at least {_MIN_CAP_BYTES}, not {max_bytes}")
+        if keep_corrupt < 0:
+            raise ValueError("keep_corrupt must be >= 0")
+        self.path = Path(path)
+        self._synchronous = sync
+        self._max_bytes = int(max_bytes or 0)
+        self._busy_timeout_ms = int(busy_timeout_ms)
+        self._check_on_open = check_on_open
+        self._keep_corrupt = keep_corrupt
+        self._clock_ms = clock_ms
+        self._lock = threading.Lock()
+        self._quarantined_total = 0
+        self._cap_pages = 0
+        self.recovery: SpoolRecovery | None = None
+        self._conn: sqlite3.Connection | None = self._open_or_recover()
+
+    # ----------------------------------------------------------------------------------------- public API
+
+    @property
+    def recovered_from(self) -> Path | None:
+        """Where the last corrupt spool file was moved to, or None if this spool never had to recover."""
+        return None if self.recovery is None else self.recovery.moved_to
+
+    @property
+    def quarantined_total(self) -> int:
+        """Rows this instance moved to quarantine (for a counter metric; ``stats()`` has the table size)."""
+        return self._quarantined_total
+
+    def append(
+        self,
+        encode: Callable[[int], bytes],
+        *,
+        first_ts_ms: int,
+        last_ts_ms: int,
+        sample_count: int,
+        priority: int = 0,
+    ) -> int:
+        """Allocate the next seq, store ``encode(seq)`` and commit, all in one transaction; return the seq.
+
+        If ``encode`` raises, nothing is stored and the seq is not consumed (it never left the node).
+        Raises ``SpoolFullError`` when the cap or the disk is full; the spool stays usable.
+        """
+        first, last = operator.index(first_ts_ms), operator.index(last_ts_ms)
+        count, prio = operator.index(sample_count), operator.index(priority)
+        if count < 0:
+            raise ValueError("sample_count must be >= 0")
+
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            (last_seq,) = conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+            (max_row,) = conn.execute("SELECT max(seq) FROM batches").fetchone()
+            # max(seq) is belt and braces: meta is the authority, but a row above it must never be shadowed.
+            seq = max(int(last_seq), int(max_row or 0)) + 1
+            payload = encode(seq)
+            if not isinstance(payload, bytes | bytearray | memoryview):
+                raise TypeError(f"encode() must return bytes, not {type(payload).__name__}")
+            blob = bytes(payload)
+            conn.execute(
+                f"INSERT INTO batches ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL)",
+                (seq, blob, zlib.crc32(blob), first, last, count, len(blob), prio, self._clock_ms()),
+            )
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'last_seq'", (seq,))
+            conn.execute("COMMIT")
+            return seq
+
+        return self._run("append", op)
+
+    def pending(self, limit: int, *, exclude: Collection[int] = (), order: str = "oldest") -> list[SpoolRow]:
+        """Up to ``limit`` rows not in ``exclude``, in ``order``: "oldest" (seq ascending), "newest" or
+        "priority" (highest priority first, then oldest).
+
+        Every returned row has passed its checksum; rows that fail are quarantined and skipped.
+        ``exclude`` is only probed with ``len`` and ``in``, so a live ``dict.keys()`` view is fine.
+        """
+        if order not in _ORDERS:
+            raise ValueError(f"order must be one of {sorted(_ORDERS)}, not {order!r}")
+        if limit <= 0:
+            return []
+        excluded: Collection[int] = exclude if isinstance(exclude, AbstractSet) else frozenset(exclude)
+        sql = f"SELECT seq FROM batches ORDER BY {_ORDERS[order]} LIMIT ?"
+
+        def op(conn: sqlite3.Connection) -> list[SpoolRow]:
+            while True:
+                # Excluded rows can take at most len(excluded) places, so this LIMIT always suffices.
+                candidates = conn.execute(sql, (limit + len(excluded),)).fetchall()
+                seqs = [s for (s,) in candidates if s not in excluded][:limit]
+                raw = {r[0]: r for r in self._fetch(conn, seqs)}
+                good: list[SpoolRow] = []
+                bad: list[tuple[int, str]] = []
+                for seq in seqs:
+                    if seq not in raw:  # deleted by another process between the two queries
+                        continue
+                    row = _verify(raw[seq])
+                    if isinstance(row, str):
+                        bad.append((seq, row))
+                    else:
+                        good.append(row)
+                if not bad:
+                    return good
+                self._quarantine_locked(conn, bad)
+                # Quarantined rows are gone now, so the next pass can fill their places.
+
+        return self._run("pending", op)
+
+    def mark_sent(self, seqs: Iterable[int], now_ms: int) -> int:
+        """Record a (re)publication: bump ``attempts``, set ``last_sent_ms``. Returns rows updated.
+
+        Best effort: bookkeeping only, so a full spool logs a warning and returns 0 instead of raising
+        (the uplink must keep draining, which is what makes room).
+        """
+        ids = _seq_list(seqs)
+        when = operator.index(now_ms)
+        if not ids:
+            return 0
+
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            n = 0
+            for chunk in _chunks(ids):
+                n += conn.execute(
+                    "UPDATE batches SET attempts = attempts + 1, last_sent_ms = ? "
+                    f"WHERE seq IN ({_marks(chunk)})",
+                    (when, *chunk),
+                ).rowcount
+            conn.execute("COMMIT")
+            return n
+
+        try:
+            return self._run("mark_sent", op)
+        except SpoolFullError as exc:
+            log.warning("%s; attempts of %d batch(es) not recorded", exc, len(ids))
+            return 0
+
+    def ack(self, seqs: Iterable[int]) -> int:
+        """Delete the acknowledged rows; return how many existed.
+
+        Unknown seqs are ignored: after a replay the cloud acks some batches twice.
+        """
+        ids = _seq_list(seqs)
+        if not ids:
+            return 0
+
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            n = 0
+            for chunk in _chunks(ids):
+                n += conn.execute(f"DELETE FROM batches WHERE seq IN ({_marks(chunk)})", chunk).rowcount
+            conn.execute("COMMIT")
+            return n
+
+        return self._run("ack", op)
+
+    def quarantine(self, seq: int, reason: str) -> None:
+        """Move one row out of circulation (e.g. the cloud could not decode it). Unknown seq: no-op."""
+        s = operator.index(seq)
+        self._run("quarantine", lambda conn: self._quarantine_locked(conn, [(s, str(reason))]))
+
+    def quarantined(self) -> list[QuarantinedRow]:
+        def op(conn: sqlite3.Connection) -> list[QuarantinedRow]:
+            rows = conn.execute(
+                f"SELECT {_COLUMNS}, reason, quarantined_ms FROM quarantine ORDER BY seq"
+            ).fetchall()
+            return [_quarantined_row(r) for r in rows]
+
+        return self._run("quarantined", op)
+
+    def clear_quarantine(self, seqs: Iterable[int] | None = None) -> int:
+        """Delete quarantined rows (all, or the given seqs) once reported; returns how many."""
+        ids = None if seqs is None else _seq_list(seqs)
+
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            if ids is None:
+                n = conn.execute("DELETE FROM quarantine").rowcount
+            else:
+                n = sum(
+                    conn.execute(f"DELETE FROM quarantine WHERE seq IN ({_marks(c)})", c).rowcount
+                    for c in _chunks(ids)
+                )
+            conn.execute("COMMIT")
+            return n
+
+        return self._run("clear_quarantine", op)
+
+    def stats(self) -> SpoolStats:
+        def op(conn: sqlite3.Connection) -> SpoolStats:
+            rows, size, samples, oldest = conn.execute(
+                "SELECT count(*), coalesce(sum(byte_size), 0), coalesce(sum(sample_count), 0), "
+                "min(first_ts_ms) FROM batches"
+            ).fetchone()
+            (quarantined,) = conn.execute("SELECT count(*) FROM quarantine").fetchone()
+            (last_seq,) = conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+            return SpoolStats(
+                rows=int(rows),
+                bytes=int(size),
+                samples=int(samples),
+                oldest_first_ts_ms=None if oldest is None else int(oldest),
+                quarantined_rows=int(quarantined),
+                file_bytes=self._file_bytes(),
+                last_seq=int(last_seq),
+            )
+
+        return self._run("stats", op)
+
+    def compact(self) -> int:
+        """Return free pages to the filesystem (incremental vacuum + checkpoint); returns pages freed.
+
+        Not needed for correctness (freed pages are reused by later appends); worth calling after a
+        large backlog has drained on a node whose disk is shared with other things.
+        """
+
+        def op(conn: sqlite3.Connection) -> int:
+            (free,) = conn.execute("PRAGMA freelist_count").fetchone()
+            # executescript steps the pragma to completion; execute() would free a single page.
+            conn.executescript("PRAGMA incremental_vacuum")
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            if self._cap_pages:
+                # The cap cannot be set below the file's size, so one opened over the cap sat higher.
+                conn.execute(f"PRAGMA max_page_count = {self._cap_pages}").fetchone()
+            return int(free)
+
+        return self._run("compact", op)
+
+    def close(self) -> None:
+        with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is not None:
+                conn.close()
+
+    def __enter__(self) -> Spool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------------------------------------- internals
+
+    def _run(self, what: str, op: Callable[[sqlite3.Connection], _T]) -> _T:
+        """Run ``op`` under the lock; roll back on error; map SQLITE_FULL; recover once from corruption."""
+        with self._lock:
+            for attempt in range(2):
+                conn = self._conn
+                if conn is None:
+                    raise SpoolClosedError(f"spool {self.path} is closed")
+                try:
+                    return op(conn)
+                except BaseException as exc:
+                    _rollback_quietly(conn)
+                    if not isinstance(exc, sqlite3.Error):
+                        raise
+                    if _is_full(exc):
+                        raise SpoolFullError(f"{what}: spool {self.path} is full ({exc})") from exc
+                    if attempt or not _is_corrupt(exc):
+                        raise
+                    # Corruption found at run time: swap in a fresh spool and retry the operation once.
+                    self._conn = None
+                    self._conn = self._recover(f"{what}: {type(exc).__name__}: {exc}", conn)
+            raise AssertionError("unreachable")
+
+    def _open_or_recover(self) -> sqlite3.Connection:
+        conn = self._new_connection()
+        try:
+            self._prepare(conn)
+            return conn
+        except _CorruptFile as exc:
+            reason = str(exc)
+        except sqlite3.DatabaseError as exc:
+            if not _is_corrupt(exc):
+                conn.close()
+                raise
+            reason = f"{type(exc).__name__}: {exc}"
+        except BaseException:
+            conn.close()
+            raise
+        return self._recover(reason, conn)
+
+    def _new_connection(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return sqlite3.connect(
+            self.path,
+            timeout=self._busy_timeout_ms / 1000,
+            isolation_level=None,  # explicit BEGIN IMMEDIATE / COMMIT only
+            check_same_thread=False,  # shared by the scrape loop and the MQTT thread, under self._lock
+        )
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = self._new_connection()
+        try:
+            self._prepare(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _prepare(self, conn: sqlite3.Connection) -> None:
+        conn.execute(f"PRAGMA busy_timeout = {self._busy_timeout_ms}")
+        # Must precede the first table; later a no-op. Lets compact() shrink the file.
+        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")
+        (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if str(mode).lower() != "wal":
+            raise SpoolError(f"spool {self.path}: cannot use WAL mode (journal_mode={mode})")
+        conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        if self._check_on_open:
+            problems = [str(r[0]) for r in conn.execute("PRAGMA quick_check(5)")]
+            if problems != ["ok"]:
+                raise _CorruptFile("quick_check: " + "; ".join(problems).replace("\n", "; "))
+        self._migrate(conn)
+        self._configure_size(conn)
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version == SCHEMA_VERSION:
+            return
+        if version > SCHEMA_VERSION:
+            # A newer relay wrote this; its rows are probably fine, so refuse rather than move them aside.
+            raise SpoolError(
+                f"spool {self.path} has schema {version}, this relay knows up to {SCHEMA_VERSION}"
+            )
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            if version < 1:
+                for stmt in _SCHEMA_V1:
+                    conn.execute(stmt)
+            # Future versions: `if version < 2: ...` here.
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback_quietly(conn)
+            raise
+
+    def _configure_size(self, conn: sqlite3.Connection) -> None:
+        (page_size,) = conn.execute("PRAGMA page_size").fetchone()
+        wal_limit = _WAL_LIMIT_BYTES
+        if self._max_bytes:
+            # Split the cap between database pages and the WAL, which max_page_count does not cover.
+            wal_limit = min(_WAL_LIMIT_BYTES, self._max_bytes // 8)
+            pages = self._cap_pages = (self._max_bytes - wal_limit) // page_size
+            (got,) = conn.execute(f"PRAGMA max_page_count = {pages}").fetchone()
+            if got > pages:
+                log.warning(
+                    "spool %s already holds %d pages, above the cap of %d (%d bytes); it only takes new "
+                    "batches once acks have freed room",
+                    self.path,
+                    got,
+                    pages,
+                    self._max_bytes,
+                )
+            conn.execute(f"PRAGMA wal_autocheckpoint = {max(16, wal_limit // page_size)}")
+        # The WAL is truncated to this size after checkpoints, not to zero: the file that stays allocated
+        # is where a delete can still be journaled when the disk itself is full.
+        conn.execute(f"PRAGMA journal_size_limit = {wal_limit}")
+
+    def _recover(self, reason: str, failed: sqlite3.Connection) -> sqlite3.Connection:
+        """Move the corrupt file aside, salvage what is readable into a fresh spool; return its connection.
+
+        ``failed`` (the connection that met the corruption) is closed only after the rename: closing the
+        last connection checkpoints and deletes the -wal by *name*, which would otherwise destroy the WAL
+        before it could be salvaged or inspected.
+        """
+        now = self._clock_ms()
+        moved = self._move_aside(now)
+        with contextlib.suppress(sqlite3.Error):
+            failed.close()
+        src = _open_readonly(moved)
+        try:
+            next_seq = max(now * _SEQ_TIME_FACTOR, (_readable_max_seq(src) if src else 0) + 1, 1)
+            conn = self._connect()  # the path is free now, so this is a brand-new file
+            try:
+                conn.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'last_seq'", (next_seq - 1,))
+                salvaged = self._salvage(src, conn) if src else 0
+            except BaseException:
+                conn.close()
+                raise
+        finally:
+            if src is not None:
+                src.close()
+        self.recovery = SpoolRecovery(self.path, moved, reason, salvaged, next_seq, now)
+        log.error(
+            "spool %s is corrupt (%s): moved it to %s and started a fresh spool; salvaged %d batch(es), "
+            "next seq %d",
+            self.path,
+            reason,
+            moved,
+            salvaged,
+            next_seq,
+        )
+        self._prune_moved_aside()
+        return conn
+
+    def _move_aside(self, now_ms: int) -> Path:
+        stamp = now_ms
+        while True:
+            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+            if not any(Path(f"{target}{s}").exists() for s in ("", *_SIDE_FILES)):
+                break
+            stamp += 1
+        for suffix in ("", *_SIDE_FILES):
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(f"{self.path}{suffix}", f"{target}{suffix}")
+        _fsync_dir(self.path.parent)
+        return target
+
+    def _salvage(self, src: sqlite3.Connection, dst: sqlite3.Connection) -> int:
+        """Copy every row of ``src`` that reads back with a valid checksum; best effort, row by row."""
+        seqs: list[int] = []
+        with contextlib.suppress(sqlite3.Error):
+            # Reading only the keys avoids the overflow pages, so one bad payload cannot hide later rows.
+            for (seq,) in src.execute("SELECT seq FROM batches ORDER BY seq"):
+                if type(seq) is int:
+                    seqs.append(seq)
+        copied = 0
+        for start in range(0, len(seqs), _SALVAGE_CHUNK):
+            rows: list[SpoolRow] = []
+            for seq in seqs[start : start + _SALVAGE_CHUNK]:
+                try:
+                    raw = src.execute(f"SELECT {_COLUMNS} FROM batches WHERE seq = ?", (seq,)).fetchone()
+                except sqlite3.Error:
+                    continue
+                row = None if raw is None else _verify(raw)
+                if isinstance(row, SpoolRow):
+                    rows.append(row)
+            try:
+                dst.execute("BEGIN IMMEDIATE")
+                dst.executemany(
+                    f"INSERT OR IGNORE INTO batches ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [_row_tuple(r) for r in rows],
+                )
+                dst.execute("COMMIT")
+            except sqlite3.Error as exc:
+                _rollback_quietly(dst)
+                if not _is_full(exc):
+                    raise
+                log.error("spool %s: no room to salvage more than %d batch(es)", self.path, copied)
+                break
+            copied += len(rows)
+        return copied
+
+    def _prune_moved_aside(self) -> None:
+        prefix = f"{self.path.name}.corrupt-"
+        stamps = sorted(
+            int(p.name[len(prefix) :])
+            for p in self.path.parent.iterdir()
+            if p.name.startswith(prefix) and p.name[len(prefix) :].isdigit()
+        )
+        for stamp in stamps[: max(0, len(stamps) - self._keep_corrupt)]:
+            for suffix in ("", *_SIDE_FILES):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{self.path}.corrupt-{stamp}{suffix}")
+
+    def _quarantine_locked(self, conn: sqlite3.Connection, items: Sequence[tuple[int, str]]) -> None:
+        try:
+            moved = self._move_to_quarantine(conn, items, keep_payload=True)
+        except sqlite3.Error as exc:
+            _rollback_quietly(conn)
+            if not _is_full(exc):
+                raise
+            # A full spool must still be able to take a bad row out of circulation, or pending() would
+            # fail until someone intervenes: keep the evidence minus the payload.
+            moved = self._move_to_quarantine(conn, items, keep_payload=False)
+        for seq, reason in moved:
+            self._quarantined_total += 1
+            log.error("spool %s: quarantined batch seq=%d: %s", self.path, seq, reason)
+
+    def _move_to_quarantine(
+        self, conn: sqlite3.Connection, items: Sequence[tuple[int, str]], *, keep_payload: bool
+    ) -> list[tuple[int, str]]:
+        now = self._clock_ms()
+        moved: list[tuple[int, str]] = []
+        conn.execute("BEGIN IMMEDIATE")
+        for seq, reason in items:
+            raw = conn.execute(f"SELECT {_COLUMNS} FROM batches WHERE seq = ?", (seq,)).fetchone()
+            if raw is None:
+                continue
+            # Delete first: the freed pages then hold the quarantine copy, so a full spool can do this.
+            conn.execute("DELETE FROM batches WHERE seq = ?", (seq,))
+            note = reason if keep_payload else f"{reason} (payload dropped: spool full)"
+            values = (*raw[:1], raw[1] if keep_payload else None, *raw[2:], note, now)
+            conn.execute(
+                f"INSERT OR REPLACE INTO quarantine ({_COLUMNS}, reason, quarantined_ms) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                values,
+            )
+            moved.append((seq, note))
+        conn.execute("COMMIT")
+        return moved
+
+    @staticmethod
+    def _fetch(conn: sqlite3.Connection, seqs: Sequence[int]) -> Iterator[tuple[object, ...]]:
+        for chunk in _chunks(seqs):
+            yield from conn.execute(f"SELECT {_COLUMNS} FROM batches WHERE seq IN ({_marks(chunk)})", chunk)
+
+    def _file_bytes(self) -> int:
+        total = 0
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                total += os.stat(f"{self.path}{suffix}").st_size
+        return total
+
+
+# ------------------------------------------------------------------------------------------------- helpers
+
+
+def _verify(raw: Sequence[object]) -> SpoolRow | str:
+    """The row if it is intact, else the reason it is not."""
+    seq, payload, checksum, first, last, count, size, prio, created, attempts, last_sent = raw
+    if payload is None:
+        return "payload is NULL"
+    if not isinstance(payload, bytes):
+        return f"payload stored as {type(payload).__name__}, not BLOB"
+    ints = (seq, checksum, first, last, count, size, prio, created, attempts)
+    if not all(type(v) is int for v in ints) or not (last_sent is None or type(last_sent) is int):
+        return "metadata column is not an integer"
+    s, crc_stored, f, la, n, z, p, c, a = cast(tuple[int, ...], ints)
+    if len(payload) != z:
+        return f"payload is {len(payload)} bytes, byte_size says {z}"
+    crc = zlib.crc32(payload)
+    if crc != crc_stored:
+        return f"checksum mismatch: stored {crc_stored:#010x}, computed {crc:#010x}"
+    return SpoolRow(s, payload, crc_stored, f, la, n, z, p, c, a, last_sent)
+
+
+def _row_tuple(r: SpoolRow) -> tuple[object, ...]:
+    return (
+        r.seq,
+        r.payload,
+        r.checksum,
+        r.first_ts_ms,
+        r.last_ts_ms,
+        r.sample_count,
+        r.byte_size,
+        r.priority,
+        r.created_ms,
+        r.attempts,
+        r.last_sent_ms,
+    )
+
+
+def _quarantined_row(r: Sequence[object]) -> QuarantinedRow:
+    def num(v: object) -> int | None:
+        return v if type(v) is int else None
+
+    seq, payload, *ints, reason, quarantined_ms = r
+    checksum, first, last, count, size, prio, created, attempts, last_sent = (num(v) for v in ints)
+    return QuarantinedRow(
+        seq=cast(int, seq),
+        reason=str(reason),
+        quarantined_ms=cast(int, quarantined_ms),
+        payload=bytes(payload) if isinstance(payload, bytes) else None,
+        checksum=checksum,
+        first_ts_ms=first,
+        last_ts_ms=last,
+        sample_count=count,
+        byte_size=size,
+        priority=prio,
+        created_ms=created,
+        attempts=attempts,
+        last_sent_ms=last_sent,
+    )
+
+
+def _open_readonly(path: Path) -> sqlite3.Connection | None:
+    """Read-only connection to a moved-aside file, so salvaging cannot alter the evidence."""
+    try:
+        return sqlite3.connect(
+            f"{path.absolute().as_uri()}?mode=ro", uri=True, isolation_level=None, check_same_thread=False
+        )
+    except sqlite3.Error:
+        return None
+
+
+def _readable_max_seq(src: sqlite3.Connection) -> int:
+    best = 0
+    for sql in (
+        "SELECT value FROM meta WHERE key = 'last_seq'",
+        "SELECT max(seq) FROM batches",
+        "SELECT max(seq) FROM quarantine",
+    ):
+        with contextlib.suppress(sqlite3.Error, TypeError):
+            (value,) = src.execute(sql).fetchone()
+            if type(value) is int:
+                best = max(best, value)
+    return best
+
+
+def _primary_code(exc: sqlite3.Error) -> int | None:
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def _is_full(exc: sqlite3.Error) -> bool:
+    return _primary_code(exc) == _SQLITE_FULL or "database or disk is full" in str(exc)
+
+
+def _is_corrupt(exc: sqlite3.Error) -> bool:
+    code = _primary_code(exc)
+    if code is not None:
+        return code in (_SQLITE_CORRUPT, _SQLITE_NOTADB)
+    text = str(exc)
+    return "malformed" in text or "not a database" in text
+
+
+def _rollback_quietly(conn: sqlite3.Connection) -> None:
+    # SQLite may already have rolled back (e.g. after SQLITE_FULL); a failing ROLLBACK changes nothing.
+    if conn.in_transaction:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the renames durable: after a power cut the fresh spool must not reappear under the old name.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _seq_list(seqs: Iterable[int]) -> list[int]:
+    return sorted({operator.index(s) for s in seqs})
+
+
+def _chunks(items: Sequence[int]) -> Iterator[Sequence[int]]:
+    for start in range(0, len(items), _MAX_VARS):
+        yield items[start : start + _MAX_VARS]
+
+
+def _marks(chunk: Sequence[int]) -> str:
+    return ", ".join("?" * len(chunk))

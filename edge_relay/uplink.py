@@ -1,0 +1,349 @@
+"""Stage 6: ship spooled batches over MQTT and delete them once the cloud acknowledges them.
+
+One thread owns the paho client and drives its network loop itself (``client.loop``), so that all
+MQTT state lives in one thread and reconnects use our own backoff with jitter.
+
+Delivery contract: a batch is published with QoS 1 on ``<prefix>/v1/<cluster>/<node>/batch``; the
+spool row is deleted only when the cloud's *application* ack for (node, seq) arrives on the ack topic,
+which is subscribed with QoS 1 in a persistent session, so acks sent while the relay is away are
+kept by the broker. A batch whose ack does not come within ``ack_timeout_seconds`` is published
+again; the ingester's writes are idempotent, so a duplicate costs bytes, never correctness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from edge_relay.selfmetrics import RelayMetrics
+from edge_relay.settings import MQTT
+from edge_relay.spool import Spool, SpoolError
+from relay_common.backoff import Backoff
+from relay_common.mqtt_tls import tls_configure
+from schemas import codec, topics
+
+log = logging.getLogger("edge_relay.uplink")
+
+# CONNACK codes that mean "this broker does not speak the protocol version you asked for".
+_UNSUPPORTED_VERSION = {1, 132}
+_PUMP_EVERY_S = 1.0
+
+
+class Uplink:
+    def __init__(
+        self,
+        cfg: MQTT,
+        *,
+        cluster: str,
+        node: str,
+        spool: Spool,
+        metrics: RelayMetrics,
+        status: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.cfg = cfg
+        self.cluster = cluster
+        self.node = node
+        self.spool = spool
+        self.metrics = metrics
+        self.status = status
+        prefix = cfg.topic_prefix
+        self.batch_topic = topics.batch_topic(prefix, cluster, node)
+        self.ack_topic = topics.ack_topic(prefix, cluster, node)
+        self.status_topic = topics.status_topic(prefix, cluster, node)
+        self.backoff = Backoff(cfg.reconnect_min_seconds, cfg.reconnect_max_seconds)
+        self._use_v5 = cfg.protocol != "v311"
+        self._client: mqtt.Client | None = None
+        self._connected = False
+        self._connack_pending = False
+        self._inflight: dict[int, float] = {}  # seq -> monotonic time of last publication
+        # Publications the broker has not PUBACKed yet: lost with the connection, so sent again at once.
+        self._mid_seq: dict[int, int] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._drain_until = 0.0
+        self._thread = threading.Thread(target=self._run, name="uplink", daemon=True)
+        self._next_status = 0.0
+        self._last_pump = 0.0
+        self.connected_event = threading.Event()
+
+    # --- public API (any thread) -------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def kick(self) -> None:
+        """New rows are in the spool."""
+        self._wake.set()
+
+    def stop(self, drain_seconds: float = 5.0) -> None:
+        """Try to get in-flight and pending batches acked for up to ``drain_seconds``, then leave."""
+        self._drain_until = time.monotonic() + drain_seconds
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(drain_seconds + 10)
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    # --- the uplink thread -------------------------------------------------------------------
+
+    def _status_payload(self, state: str) -> bytes:
+        body: dict[str, Any] = {
+            "v": 1,
+            "cluster": self.cluster,
+            "node": self.node,
+            "state": state,
+            "ts_ms": int(time.time() * 1000),
+        }
+        if state == "online":
+            body.update(self.status())
+            body["inflight"] = len(self._inflight)
+        return codec.encode_status(body)
+
+    def _new_client(self) -> mqtt.Client:
+        cfg = self.cfg
+        if self._use_v5:
+            client = mqtt.Client(
+                callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                client_id=cfg.client_id,
+                protocol=mqtt.MQTTv5,
+            )
+        else:
+            client = mqtt.Client(
+                callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
+                client_id=cfg.client_id,
+                protocol=mqtt.MQTTv311,
+                clean_session=False,
+            )
+        client.max_inflight_messages_set(max(cfg.inflight_batches, 1) + 2)
+        client.max_queued_messages_set(0)
+        if cfg.username is not None:
+            client.username_pw_set(cfg.username, cfg.password)
+        tls_configure(client, cfg.tls)
+        client.will_set(self.status_topic, self._status_payload("offline"), qos=1, retain=True)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_message = self._on_message
+        client.on_publish = self._on_publish
+        return client
+
+    def _connect(self) -> None:
+        self.metrics.mqtt_connects.labels("attempt").inc()
+        client = self._new_client()
+        cfg = self.cfg
+        try:
+            if self._use_v5:
+                props = Properties(PacketTypes.CONNECT)
+                props.SessionExpiryInterval = cfg.session_expiry_seconds
+                client.connect(cfg.host, cfg.port, cfg.keepalive_seconds, clean_start=False, properties=props)
+            else:
+                client.connect(cfg.host, cfg.port, cfg.keepalive_seconds)
+        except (OSError, ValueError) as e:
+            self._connect_failed(f"{type(e).__name__}: {e}")
+            return
+        self._client = client
+        self._connack_pending = True
+        deadline = time.monotonic() + cfg.keepalive_seconds
+        while self._connack_pending and time.monotonic() < deadline and not self._stop.is_set():
+            if client.loop(timeout=0.1) != mqtt.MQTT_ERR_SUCCESS:
+                break
+        if not self._connected:
+            self._drop_client()
+            if self._connack_pending:
+                self._connect_failed("no CONNACK (connection closed or timed out)")
+                self._maybe_switch_protocol()
+
+    def _connect_failed(self, why: str) -> None:
+        delay = self.backoff.next_delay()
+        self.metrics.mqtt_connects.labels("failed").inc()
+        log.warning(
+            "cannot connect to MQTT broker %s:%d (%s); retrying in %.1fs",
+            self.cfg.host,
+            self.cfg.port,
+            why,
+            delay,
+        )
+        # Not woken by new spool rows: only the backoff (or a stop) ends this wait.
+        self._stop.wait(delay)
+
+    def _maybe_switch_protocol(self) -> None:
+        if self.cfg.protocol == "auto":
+            self._use_v5 = not self._use_v5
+
+    def _drop_client(self) -> None:
+        if self._client is not None:
+            # After a lost connection paho has closed the socket already; this only matters for a
+            # connection that never got its CONNACK. Closing a broken socket may fail in many ways.
+            with contextlib.suppress(Exception):
+                self._client.disconnect()
+        self._client = None
+        for seq in self._mid_seq.values():
+            self._inflight.pop(seq, None)
+        self._mid_seq.clear()
+        self._connected = False
+        self.connected_event.clear()
+        self.metrics.mqtt_connected.set(0)
+
+    def _on_connect(
+        self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any, properties: Any
+    ) -> None:
+        self._connack_pending = False
+        value = getattr(reason_code, "value", reason_code)
+        if getattr(reason_code, "is_failure", bool(value)):
+            log.error("MQTT broker refused the connection: %s", reason_code)
+            if value in _UNSUPPORTED_VERSION and self.cfg.protocol == "auto":
+                self._use_v5 = not self._use_v5
+                log.warning("falling back to MQTT %s", "5" if self._use_v5 else "3.1.1")
+            return
+        self._connected = True
+        self.connected_event.set()
+        self.backoff.reset()
+        self.metrics.mqtt_connects.labels("connected").inc()
+        self.metrics.mqtt_connected.set(1)
+        session_present = bool(getattr(flags, "session_present", False))
+        log.info(
+            "connected to MQTT %s:%d as %s (MQTT %s, session present: %s)",
+            self.cfg.host,
+            self.cfg.port,
+            self.cfg.client_id,
+            "5" if self._use_v5 else "3.1.1",
+            session_present,
+        )
+        if not session_present:
+            # The broker lost our session: publications it had not delivered are gone, republish now.
+            self._inflight.clear()
+        client.subscribe(self.ack_topic, qos=1)
+        client.publish(self.status_topic, self._status_payload("online"), qos=1, retain=True)
+        self._next_status = time.monotonic() + self.cfg.status_interval_seconds
+        self._wake.set()
+
+    def _on_disconnect(
+        self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any, properties: Any
+    ) -> None:
+        if self._connected:
+            log.warning("disconnected from MQTT broker: %s", reason_code)
+        self._connected = False
+        self.connected_event.clear()
+        self.metrics.mqtt_connected.set(0)
+
+    def _on_publish(
+        self, client: mqtt.Client, userdata: Any, mid: int, reason_code: Any, properties: Any
+    ) -> None:
+        self._mid_seq.pop(mid, None)
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        if message.topic != self.ack_topic:
+            return
+        try:
+            ack = codec.decode_ack(message.payload)
+        except codec.DecodeError as e:
+            log.error("ignoring malformed ack on %s: %s", message.topic, e)
+            return
+        now = time.monotonic()
+        done: list[int] = []
+        for result in ack.results:
+            sent = self._inflight.pop(result.seq, None)
+            if sent is not None:
+                self.metrics.ack_latency.observe(now - sent)
+            if result.result == "rejected":
+                # The cloud keeps it in its dead-letter store; retrying would only loop.
+                log.error("cloud rejected batch seq=%d: %s", result.seq, result.reason)
+            self.metrics.acked.labels(result.result).inc()
+            done.append(result.seq)
+        try:
+            self.spool.ack(done)
+        except SpoolError as e:
+            # The rows stay; their acks will come again when the batches are re-published.
+            log.error("cannot delete acked rows from the spool: %s", e)
+        self.metrics.inflight.set(len(self._inflight))
+        self._wake.set()
+
+    def _pump(self, client: mqtt.Client) -> None:
+        now = time.monotonic()
+        expired = [s for s, t in self._inflight.items() if now - t > self.cfg.ack_timeout_seconds]
+        for seq in expired:
+            del self._inflight[seq]
+        if expired:
+            log.warning(
+                "no ack within %.0fs for %d batch(es); publishing again",
+                self.cfg.ack_timeout_seconds,
+                len(expired),
+            )
+        room = self.cfg.inflight_batches - len(self._inflight)
+        if room <= 0:
+            return
+        rows = self.spool.pending(room, exclude=self._inflight.keys())
+        sent: list[int] = []
+        for row in rows:
+            info = client.publish(self.batch_topic, row.payload, qos=1)
+            if info.rc != mqtt.MQTT_ERR_SUCCESS:
+                break
+            self._inflight[row.seq] = now
+            self._mid_seq[info.mid] = row.seq
+            sent.append(row.seq)
+            self.metrics.published.labels("retry" if row.attempts else "first").inc()
+            self.metrics.publish_bytes.inc(len(row.payload))
+        if sent:
+            self.spool.mark_sent(sent, int(time.time() * 1000))
+        self.metrics.inflight.set(len(self._inflight))
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception:
+            log.exception("uplink thread crashed")
+            raise
+
+    def _loop(self) -> None:
+        while True:
+            stopping = self._stop.is_set()
+            if stopping and (
+                time.monotonic() >= self._drain_until or not self._connected or not self._has_work()
+            ):
+                break
+            if self._client is None or not self._connected:
+                if stopping:
+                    break
+                self._drop_client()
+                self._connect()
+                continue
+            client = self._client
+            if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS or not self._connected:
+                log.warning("lost connection to MQTT broker %s:%d", self.cfg.host, self.cfg.port)
+                self._drop_client()
+                continue
+            now = time.monotonic()
+            if self._wake.is_set() or now - self._last_pump >= _PUMP_EVERY_S:
+                self._wake.clear()
+                self._last_pump = now
+                self._pump(client)
+            if now >= self._next_status:
+                self._next_status = now + self.cfg.status_interval_seconds
+                client.publish(self.status_topic, self._status_payload("online"), qos=1, retain=True)
+        self._leave()
+
+    def _has_work(self) -> bool:
+        return bool(self._inflight) or self.spool.stats().rows > 0
+
+    def _leave(self) -> None:
+        client = self._client
+        if client is None or not self._connected:
+            return
+        # A clean DISCONNECT suppresses the will, so say "offline" ourselves.
+        info = client.publish(self.status_topic, self._status_payload("offline"), qos=1, retain=True)
+        deadline = time.monotonic() + 2
+        while not info.is_published() and time.monotonic() < deadline:
+            if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
+                break
+        client.disconnect()
+        client.loop(timeout=0.1)
+        self._drop_client()

@@ -1,0 +1,393 @@
+#!/usr/bin/env python3
+"""Write the golden vectors of the wire format into this directory.
+
+Run by hand after a deliberate format change (``python schemas/golden/make_golden.py``) and commit
+the result.  Everything is fixed (content, zstd level 3, no dictionary), so with the same zstd
+library the output is byte-identical; see ``schemas/wire-format.md`` ("Golden vectors").
+
+Each vector is a pair: ``<name>.bin`` (exact wire bytes) and ``<name>.json`` (what a decoder must
+make of it, or the DecodeError reason it must raise).  The helpers that craft raw and hostile
+envelopes are imported by ``tests/test_codec.py`` too.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from array import array
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent.parent))
+
+import msgpack  # noqa: E402
+import zstandard  # noqa: E402
+
+from schemas import codec  # noqa: E402
+from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock  # noqa: E402
+
+LEVEL = 3
+T0 = 1_700_000_000_000  # 2023-11-14T22:13:20Z
+
+
+# ------------------------------------------------------------------------------------------------
+# Crafting helpers (also used by the tests to build inputs the encoder refuses to produce)
+
+
+def f64(bits: int) -> float:
+    return struct.unpack("<d", struct.pack("<Q", bits))[0]
+
+
+def values_from_bits(bits: list[int]) -> array:
+    # Build the column from bytes so signalling-NaN payloads never pass through a Python float.
+    col = array("d")
+    col.frombytes(struct.pack(f"<{len(bits)}Q", *bits))
+    return col
+
+
+def labels(name: str, **extra: str) -> Labels:
+    return tuple(sorted({"__name__": name, **extra}.items()))
+
+
+def raw_body(labelsets: list[list[Any]], scrapes: list[dict[str, Any]], level: int = LEVEL) -> bytes:
+    raw = msgpack.packb({"labelsets": labelsets, "scrapes": scrapes}, use_bin_type=True)
+    return zstandard.ZstdCompressor(level=level, write_checksum=True).compress(raw)
+
+
+def raw_envelope(
+    header: dict[str, Any], *, version: int = codec.FORMAT_V1, magic: bytes = codec.MAGIC
+) -> bytes:
+    """An envelope with exactly these header fields (body included), no validation."""
+    return magic + bytes((version,)) + msgpack.packb(header, use_bin_type=True)
+
+
+def header_for(body: bytes, **fields: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "cluster": "lab",
+        "node": "edge-01",
+        "seq": 1,
+        "t0": T0,
+        "t1": T0,
+        "n": 1,
+        "codec": codec.CODEC_V1,
+        "body": body,
+    }
+    base.update(fields)
+    return base
+
+
+def rle_zstd_frame(total: int, byte: int = 0, content_size: int | None = None) -> bytes:
+    """A zstd frame of RLE blocks producing ``total`` bytes: ~32 KiB of input per GiB of output.
+
+    Built by hand so a multi-gigabyte decompression bomb costs nothing to make.  ``content_size``
+    (if given) is written into the frame header, truthfully or not.
+    """
+    block = 128 << 10
+    out = bytearray(b"\x28\xb5\x2f\xfd")
+    if content_size is None:
+        out.append(0x00)  # no content size, not single-segment, no checksum, no dictionary
+        out.append((17 - 10) << 3)  # window descriptor: 2^17 = 128 KiB
+    else:
+        out.append(0xC0)  # 8-byte content size field, not single-segment
+        out.append((17 - 10) << 3)
+        out += struct.pack("<Q", content_size)
+    remaining = total
+    while True:
+        size = min(block, remaining)
+        remaining -= size
+        last = 1 if remaining == 0 else 0
+        out += (last | (1 << 1) | (size << 3)).to_bytes(3, "little")  # block type 1 = RLE
+        out.append(byte)
+        if last:
+            return bytes(out)
+
+
+# ------------------------------------------------------------------------------------------------
+# The vectors
+
+
+def batch_small() -> Batch:
+    ls = [
+        labels("kepler_node_cpu_joules_total", zone="package"),
+        labels("node_cpu_seconds_total", cpu="0", mode="idle"),
+        labels("up", instance="localhost:9100", job="node"),
+    ]
+    scrapes = [
+        ScrapeBlock(T0, array("I", [0, 1, 2]), array("d", [1234.5, 98765.43, 1.0])),
+        ScrapeBlock(T0 + 5000, array("I", [0, 1, 2]), array("d", [1240.25, 98770.01, 1.0])),
+    ]
+    return Batch("lab", "edge-01", 1, ls, scrapes)
+
+
+SPECIAL_BITS: list[tuple[str, int]] = [
+    ("stale", STALE_NAN_BITS),
+    ("nan", 0x7FF8000000000001),  # Prometheus' value.NormalNaN
+    ("nan_quiet", 0x7FF8000000000000),
+    ("nan_negative", 0xFFF8000000000000),
+    ("nan_payload", 0x7FF4DEADBEEF0001),
+    ("pos_inf", 0x7FF0000000000000),
+    ("neg_inf", 0xFFF0000000000000),
+    ("neg_zero", 0x8000000000000000),
+    ("zero", 0x0000000000000000),
+    ("max", 0x7FEFFFFFFFFFFFFF),
+    ("neg_max", 0xFFEFFFFFFFFFFFFF),
+    ("min_normal", 0x0010000000000000),
+    ("min_subnormal", 0x0000000000000001),
+    ("huge", struct.unpack("<Q", struct.pack("<d", 1e300))[0]),
+    ("tiny", struct.unpack("<Q", struct.pack("<d", 1e-300))[0]),
+    ("tenth", struct.unpack("<Q", struct.pack("<d", 0.1))[0]),
+    ("int_2_53_plus_1", struct.unpack("<Q", struct.pack("<d", 2.0**53))[0] + 1),
+]
+
+
+def batch_special_values() -> Batch:
+    ls = [labels("special_value", case=case) for case, _ in SPECIAL_BITS]
+    order = sorted(range(len(ls)), key=lambda i: ls[i])
+    ls = [ls[i] for i in order]
+    bits = [SPECIAL_BITS[i][1] for i in order]
+    n = len(ls)
+    scrapes = [
+        ScrapeBlock(T0, array("I", range(n)), values_from_bits(bits)),
+        # Every series goes stale in the next scrape, in reverse index order.
+        ScrapeBlock(T0 + 15000, array("I", reversed(range(n))), values_from_bits([STALE_NAN_BITS] * n)),
+    ]
+    return Batch("lab", "edge-02", 7, ls, scrapes)
+
+
+def batch_timestamps() -> Batch:
+    ls = [
+        labels("exporter_event_total", source="a"),
+        labels("exporter_event_total", source="b"),
+        labels("up"),
+    ]
+    scrapes = [
+        ScrapeBlock(
+            T0 + 10_000,
+            array("I", [0, 1]),
+            array("d", [3.0, 4.0]),
+            timestamps=array("q", [T0 - 60_000, T0 + 9_999]),
+        ),
+        ScrapeBlock(T0 + 10_000, array("I", [2]), array("d", [1.0])),
+        # Per-sample timestamps far from the scrape time, at 0 and 2^53: kept exactly as written.
+        ScrapeBlock(
+            T0 + 20_000, array("I", [1, 0]), array("d", [5.0, 6.0]), timestamps=array("q", [0, 2**53])
+        ),
+    ]
+    return Batch("lab", "edge-03", 2**40 + 3, ls, scrapes)
+
+
+def batch_unicode_labels() -> Batch:
+    values = {
+        "utf8": "Grüße aus Köln — 日本語 🔥",
+        "quotes": "say \"hi\" 'there'",
+        "backslash": "C:\\temp\\new",
+        "newline": "line1\nline2\r\n",
+        "tab": "a\tb",
+        "braces": '{job="x",a=b}',
+        "nul": "before\x00after",
+        "long": "x" * 4096,  # the longest legal value (max_label_value_bytes)
+        "long_utf8": "é" * 2048,  # 4096 bytes in 2048 characters
+    }
+    ls = [
+        labels("unicode_labels_info", case=case, value=value)
+        for case, value in values.items()
+        if case not in ("long", "long_utf8")
+    ]
+    ls.append(labels("unicode_labels_info", case="long", value=values["long"]))
+    ls.append(labels("unicode_labels_info", case="long_utf8", value=values["long_utf8"]))
+    # Upper-case names sort before "__name__" in byte order; names and metric names at their edges.
+    ls.append((("Zone", "A"), ("_", "underscore"), ("__name__", "job:rate5m:sum"), ("a1", "v")))
+    ls.append((("__name__", "_"), ("le", "+Inf")))
+    ls.sort()
+    n = len(ls)
+    scrapes = [ScrapeBlock(T0, array("I", range(n)), array("d", [float(i) for i in range(n)]))]
+    return Batch("lab-ü", "edge-04", 3, ls, scrapes)
+
+
+def batch_empty() -> Batch:
+    return Batch("lab", "edge-05", 1, [], [])
+
+
+def batch_kepler() -> Batch:
+    ls = []
+    for cid, name, pod in (
+        ("12e86ce1e53111cbfa9a1924a03198c5eca14588b38cf3a6d63bb908b5345c1e", "analytics", "5afd5bd4"),
+        ("17a32246559db81bd4661401597622e4c36eb3fdc9611c959c24cd8f441d9906", "nvidia-plugin", "7e57b76e"),
+    ):
+        for metric in ("kepler_container_cpu_joules_total", "kepler_container_cpu_watts"):
+            for zone in ("dram", "package"):
+                ls.append(
+                    labels(
+                        metric,
+                        container_id=cid,
+                        container_name=name,
+                        node_name="edge-gpu-01",
+                        pod_id=pod,
+                        runtime="containerd",
+                        state="running",
+                        zone=zone,
+                    )
+                )
+    ls.sort()
+    n = len(ls)
+    scrapes = []
+    for k in range(3):
+        vals = [
+            round(1000.0 * (i + 1) + 17.125 * k, 3) if "joules" in dict(s)["__name__"] else 3.25 + i + k / 8
+            for i, s in enumerate(ls)
+        ]
+        scrapes.append(ScrapeBlock(T0 + 5000 * k + k, array("I", range(n)), array("d", vals)))
+    return Batch("prod-eu", "edge-gpu-01", 1001, ls, scrapes)
+
+
+BATCHES = {
+    "batch_small": (batch_small, "three series, two scrapes"),
+    "batch_special_values": (batch_special_values, "stale marker, NaN payloads, ±Inf, ±0, extremes"),
+    "batch_timestamps": (batch_timestamps, "explicit per-sample timestamps beside a plain block"),
+    "batch_unicode_labels": (batch_unicode_labels, "UTF-8, quotes, backslashes, newlines, NUL, max length"),
+    "batch_empty": (batch_empty, "no series, no scrapes: t0 = t1 = n = 0"),
+    "batch_kepler": (batch_kepler, "Kepler-like container series, three scrapes"),
+}
+
+
+def ack_vectors() -> dict[str, tuple[str, list[codec.AckResult], str]]:
+    ok = [codec.AckResult(s, "ok") for s in (1, 2, 3, 4, 5, 7, 9, 10)]
+    rej = [codec.AckResult(6, "rejected", "bad_index"), codec.AckResult(8, "rejected", "decompression_limit")]
+    return {
+        "ack_mixed": ("edge-01", ok + rej, "ok ranges and single seqs, two rejects"),
+        "ack_single": ("edge-gpu-01", [codec.AckResult(42, "ok")], "one acked seq"),
+        "ack_reject_only": ("edge-01", [codec.AckResult(2**40, "rejected", "remote write 400")], "reject"),
+    }
+
+
+def status_vectors() -> dict[str, tuple[dict[str, Any], str]]:
+    online = {
+        "node": "edge-01",
+        "cluster": "lab",
+        "state": "online",
+        "ts_ms": T0,
+        "spool_rows": 12,
+        "spool_bytes": 345678,
+        "oldest_unsent_ms": T0 - 3_600_000,
+        "budget_state": "degraded",
+        "wire_bytes_per_s": 1250.5,
+        "version": "0.1.0",
+    }
+    offline = {"node": "edge-01", "cluster": "lab", "state": "offline", "ts_ms": T0}
+    return {
+        "status_online": (online, "periodic status with optional fields"),
+        "status_offline": (offline, "last-will message"),
+    }
+
+
+def invalid_vectors() -> dict[str, tuple[bytes, str, str]]:
+    small = codec.encode_batch(batch_small(), LEVEL)
+    one = [["__name__", "up"]]
+    sample = {"t": T0, "s": struct.pack("<I", 0), "v": struct.pack("<d", 1.0)}
+
+    def env(labelsets: list[list[Any]], scrapes: list[dict[str, Any]], **fields: Any) -> bytes:
+        return raw_envelope(header_for(raw_body(labelsets, scrapes), **fields))
+
+    corrupt = bytearray(small)
+    corrupt[-3] ^= 0xFF  # inside the zstd checksum
+    bomb = raw_envelope(header_for(rle_zstd_frame(33 << 20)))
+    return {
+        "invalid_bad_magic": (b"ERX" + small[3:], "bad_magic", "wrong magic"),
+        "invalid_unknown_version": (small[:3] + b"\xff" + small[4:], "unknown_version", "version 255"),
+        "invalid_truncated": (small[: len(small) // 2], "truncated", "cut in half"),
+        "invalid_header_mismatch": (env(one, [sample], n=2), "header_mismatch", "n says 2, body has 1"),
+        "invalid_unsorted_labels": (
+            env([["job", "x", "__name__", "up"]], [sample]),
+            "unsorted_labels",
+            "job before __name__",
+        ),
+        "invalid_bad_index": (
+            env(one, [{**sample, "s": struct.pack("<I", 1)}]),
+            "bad_index",
+            "index 1 with one label set",
+        ),
+        "invalid_duplicate_series": (env([*one, *one], [sample]), "duplicate_series", "same label set twice"),
+        "invalid_bad_compression": (bytes(corrupt), "bad_compression", "zstd checksum mismatch"),
+        "invalid_decompression_limit": (bomb, "decompression_limit", "33 MiB of zeros in 1 KiB"),
+    }
+
+
+def _dumps(view: dict[str, Any], indent: str = " ") -> str:
+    """JSON with one line per field and one line per list item: diffable, still compact."""
+
+    def one(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False)
+
+    inner = indent + " "
+    lines = []
+    for key, value in view.items():
+        if isinstance(value, dict) and any(isinstance(v, list) for v in value.values()):
+            lines.append(f"{one(key)}: {_dumps(value, inner)}")
+        elif isinstance(value, list) and value:
+            items = ",\n".join(f"{inner}{one(item)}" for item in value)
+            lines.append(f"{one(key)}: [\n{items}\n{indent}]")
+        else:
+            lines.append(f"{one(key)}: {one(value)}")
+    return "{\n" + indent + f",\n{indent}".join(lines) + "\n" + indent[:-1] + "}"
+
+
+def _write(name: str, data: bytes, view: dict[str, Any]) -> None:
+    (HERE / f"{name}.bin").write_bytes(data)
+    (HERE / f"{name}.json").write_text(_dumps(view) + "\n", encoding="utf-8")
+
+
+def encoder_info() -> dict[str, Any]:
+    return {
+        "zstd_level": LEVEL,
+        "zstd": ".".join(map(str, zstandard.ZSTD_VERSION)),
+        "python_zstandard": zstandard.__version__,
+        "msgpack": ".".join(map(str, msgpack.version)),
+    }
+
+
+def vectors() -> dict[str, tuple[bytes, dict[str, Any]]]:
+    """Every vector as name -> (wire bytes, JSON view), checked against the decoders."""
+    out: dict[str, tuple[bytes, dict[str, Any]]] = {}
+    for name, (make, description) in BATCHES.items():
+        data = codec.encode_batch(make(), LEVEL)
+        header, decoded = codec.decode_batch_with_header(data)
+        view = {"kind": "batch", "description": description, "encoder": encoder_info()}
+        view.update(codec.batch_to_json(header, decoded))
+        out[name] = (data, view)
+    for name, (node, results, description) in ack_vectors().items():
+        data = codec.encode_ack(node, results)
+        ack = codec.decode_ack(data)
+        ack_view = {"v": ack.v, "node": ack.node, "results": [list(r) for r in ack.results]}
+        out[name] = (data, {"kind": "ack", "description": description, "decoded": ack_view})
+    for name, (status, description) in status_vectors().items():
+        data = codec.encode_status(status)
+        out[name] = (
+            data,
+            {"kind": "status", "description": description, "decoded": codec.decode_status(data)},
+        )
+    for name, (data, reason, description) in invalid_vectors().items():
+        try:
+            codec.decode_batch(data)
+        except codec.DecodeError as exc:
+            assert exc.reason == reason, (name, exc.reason, reason)
+        else:
+            raise AssertionError(f"{name} decoded")
+        out[name] = (data, {"kind": "invalid_batch", "description": description, "error": reason})
+    return out
+
+
+def main() -> int:
+    made = vectors()  # all of them first: a failure leaves the old set in place
+    for old in list(HERE.glob("*.bin")) + list(HERE.glob("*.json")):
+        old.unlink()
+    for name, (data, view) in made.items():
+        _write(name, data, view)
+    print(f"wrote {len(made)} vectors to {HERE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""Tests of edge_relay/encode.py: label tables, batch building and splitting under max_bytes."""
+
+from __future__ import annotations
+
+import math
+import random
+import string
+from array import array
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+import pytest
+
+from edge_relay.encode import BatchEncoder, to_batch
+from edge_relay.shape import ShapedScrape
+from schemas import codec
+from schemas.model import STALE_NAN, Batch, Labels, float_bits
+
+CLUSTER, NODE = "factory-north", "edge-gpu-01"
+MAX_BYTES = 4096
+
+Sample = tuple[Labels, int, int]  # labels, value bits, timestamp
+
+
+def scrape(
+    target: str,
+    n: int,
+    ts: int,
+    *,
+    seed: int = 0,
+    explicit: bool = False,
+    first: int = 0,
+) -> ShapedScrape:
+    """A shaped scrape of ``n`` distinct series with hard-to-compress values."""
+    rng = random.Random(f"{target}-{seed}")
+    out = ShapedScrape(target, ts)
+    for i in range(first, first + n):
+        out.labels.append(
+            (
+                ("__name__", f"kepler_container_joules_total_{i % 13}"),
+                ("container", f"c-{i}"),
+                ("job", target),
+            )
+        )
+        out.values.append(rng.random() * 1e9)
+    if explicit:
+        out.timestamps = [ts - rng.randrange(0, 10_000) for _ in range(n)]
+    return out
+
+
+def samples_of(scrapes: Iterable[ShapedScrape]) -> Counter[Sample]:
+    out: Counter[Sample] = Counter()
+    for s in scrapes:
+        for i, (labels, value) in enumerate(zip(s.labels, s.values, strict=True)):
+            ts = s.timestamp_ms if s.timestamps is None else s.timestamps[i]
+            out[(labels, float_bits(value), ts)] += 1
+    return out
+
+
+def samples_of_batch(batch: Batch) -> Counter[Sample]:
+    out: Counter[Sample] = Counter()
+    for block in batch.scrapes:
+        for i, (idx, value) in enumerate(zip(block.series, block.values, strict=True)):
+            out[(batch.labelsets[idx], float_bits(value), block.sample_timestamp(i))] += 1
+    return out
+
+
+def encode_all(encoder: BatchEncoder, batches: Sequence[Batch]) -> list[bytes]:
+    return [encoder.encode(batch, seq) for seq, batch in enumerate(batches, start=1)]
+
+
+def check_round_trip(encoder: BatchEncoder, scrapes: Sequence[ShapedScrape]) -> list[Batch]:
+    """Build, encode, decode; assert the size cap and that every sample arrives exactly once."""
+    batches = encoder.build(scrapes)
+    decoded: Counter[Sample] = Counter()
+    decoded_batches = []
+    for seq, payload in enumerate(encode_all(encoder, batches), start=1):
+        assert len(payload) <= encoder.max_bytes
+        batch = codec.decode_batch(payload)
+        assert (batch.cluster, batch.node, batch.seq) == (CLUSTER, NODE, seq)
+        assert batch.sample_count > 0
+        decoded += samples_of_batch(batch)
+        decoded_batches.append(batch)
+    assert decoded == samples_of(scrapes)
+    return decoded_batches
+
+
+# --------------------------------------------------------------------------------------------------
+# to_batch
+
+
+def test_to_batch_shares_one_label_table_across_scrapes() -> None:
+    a = scrape("kepler", 5, 1000)
+    b = scrape("kepler", 5, 2000, seed=1, first=3)  # series 3, 4 also in a
+    batch = to_batch(CLUSTER, NODE, [a, b])
+    assert (batch.cluster, batch.node, batch.seq) == (CLUSTER, NODE, 0)
+    assert len(batch.labelsets) == 8
+    assert len(set(batch.labelsets)) == 8
+    assert [blk.timestamp_ms for blk in batch.scrapes] == [1000, 2000]
+    for blk, src in zip(batch.scrapes, (a, b), strict=True):
+        assert [batch.labelsets[i] for i in blk.series] == src.labels
+        assert blk.values.tolist() == src.values.tolist()
+        assert blk.timestamps is None
+    assert list(batch.scrapes[0].series) == [0, 1, 2, 3, 4]
+    assert list(batch.scrapes[1].series) == [3, 4, 5, 6, 7]
+    batch.seq = 1
+    assert samples_of_batch(codec.decode_batch(codec.encode_batch(batch))) == samples_of([a, b])
+
+
+def test_to_batch_keeps_explicit_timestamps() -> None:
+    a = scrape("kepler", 4, 5000, explicit=True)
+    b = scrape("dcgm", 2, 5000)
+    batch = to_batch(CLUSTER, NODE, [a, b])
+    ts = batch.scrapes[0].timestamps
+    assert ts is not None and ts.typecode == "q" and ts.tolist() == a.timestamps
+    assert batch.scrapes[1].timestamps is None
+    assert batch.first_timestamp_ms == min(a.timestamps or [])
+    assert batch.last_timestamp_ms == 5000
+
+
+def test_to_batch_empty() -> None:
+    batch = to_batch(CLUSTER, NODE, [])
+    assert batch.labelsets == [] and batch.scrapes == []
+
+
+# --------------------------------------------------------------------------------------------------
+# BatchEncoder
+
+
+def test_build_nothing() -> None:
+    enc = BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES)
+    assert enc.build([]) == []
+    assert enc.build([ShapedScrape("kepler", 1000)]) == []
+
+
+def test_build_small_is_one_batch() -> None:
+    enc = BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES)
+    scrapes = [scrape("kepler", 10, 1000), ShapedScrape("empty", 1000), scrape("dcgm", 10, 1000)]
+    batches = enc.build(scrapes)
+    assert len(batches) == 1
+    assert len(batches[0].scrapes) == 2  # the empty scrape is left out
+    check_round_trip(enc, scrapes)
+
+
+def test_encode_sets_seq() -> None:
+    enc = BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES, zstd_level=7)
+    (batch,) = enc.build([scrape("kepler", 3, 1000)])
+    payload = enc.encode(batch, 42)
+    header = codec.peek_header(payload)
+    assert (header.seq, header.cluster, header.node, header.sample_count) == (42, CLUSTER, NODE, 3)
+    assert codec.decode_batch(payload).seq == 42
+    assert enc.encode(batch, 2**63 - 1) != payload
+
+
+def test_split_by_scrapes_keeps_scrapes_whole() -> None:
+    enc = BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES)
+    scrapes = [scrape(f"t{i}", 60, 1000 + i, seed=i) for i in range(8)]
+    # Each scrape fits alone, all of them together do not.
+    for s in scrapes:
+        assert len(enc.build([s])) == 1
+    batches = check_round_trip(enc, scrapes)
+    assert len(batches) > 1
+    seen: Counter[int] = Counter()
+    for batch in batches:
+        for block in batch.scrapes:
+            seen[block.timestamp_ms] += 1
+            assert len(block.values) == 60  # never cut
+    assert seen == Counter(s.timestamp_ms for s in scrapes)
+
+
+def test_split_big_scrape_by_series() -> None:
+    enc = BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES)
+    big = scrape("kepler", 3000, 1_700_000_000_000)
+    batches = check_round_trip(enc, [big])
+    assert len(batches) > 5
+    for batch in batches:
+        assert len(batch.scrapes) == 1
+        assert batch.scrapes[0].timestamp_ms == big.timestamp_ms  # every part keeps the scrape's timestamp
+        # Each part carries only the label sets it uses.
+        assert len(batch.labelsets) == len(batch.scrapes[0].values)
+
+
+def test_split_mixed_big_and_small_scrapes_with_timestamps_and_special_values() -> None:
+    enc = BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES)
+    big = scrape("kepler", 2500, 10_000, explicit=True)
+    for i, special in enumerate((STALE_NAN, math.nan, math.inf, -math.inf, -0.0, 0.0, 5e-324)):
+        big.values[i * 300] = special
+    small = [scrape(f"s{i}", 20, 10_000 + i, seed=i) for i in range(5)]
+    same_series = scrape("kepler", 50, 11_000, seed=9)  # label sets shared with `big`
+    scrapes = [small[0], big, *small[1:], same_series]
+    batches = check_round_trip(enc, scrapes)
+    assert len(batches) > 1
+    decoded: Counter[Sample] = Counter()
+    for b in batches:
+        decoded += samples_of_batch(b)
+    assert decoded[(big.labels[0], float_bits(STALE_NAN), (big.timestamps or [])[0])] == 1
+
+
+def test_split_respects_other_max_bytes() -> None:
+    enc = BatchEncoder(CLUSTER, NODE, max_bytes=64 * 1024, zstd_level=1)
+    scrapes = [scrape("kepler", 4000, 1000), scrape("dcgm", 3000, 1000, seed=3)]
+    batches = check_round_trip(enc, scrapes)
+    assert 1 < len(batches) < 20
+
+
+def test_batches_fit_with_the_widest_seq() -> None:
+    enc = BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES)
+    for batch in enc.build([scrape("kepler", 2000, 1000)]):
+        assert len(enc.encode(batch, 2**63 - 1)) <= MAX_BYTES
+
+
+def test_single_sample_over_max_bytes_raises() -> None:
+    rng = random.Random(5)
+    noise = "".join(rng.choice(string.ascii_letters) for _ in range(3000))
+    s = ShapedScrape("kepler", 1000)
+    s.labels.append((("__name__", "m"), ("a", noise), ("b", noise[::-1])))
+    s.values.append(1.0)
+    with pytest.raises(ValueError, match="max_bytes"):
+        BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES).build([s])
+
+
+def test_invalid_scrape_is_refused_by_the_codec() -> None:
+    s = ShapedScrape("kepler", 1000)
+    s.labels.extend([(("__name__", "m"),), (("__name__", "m"),)])
+    s.values.extend(array("d", [1.0, 2.0]))
+    with pytest.raises(codec.EncodeError) as info:
+        BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES).build([s])
+    assert info.value.reason == "duplicate_sample"

@@ -64,6 +64,8 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         topics.validate_prefix(mqtt["topic_prefix"])
     except ValueError as e:
         raise ConfigError(f"{source}: key `mqtt.topic_prefix`: {e}") from e
+    config_loader.check_range(mqtt, "mqtt", "reconnect_min_seconds", "reconnect_max_seconds", source)
+    config_loader.check_range(rw, "remote_write", "retry_min_seconds", "retry_max_seconds", source)
     return Settings(
         source=source,
         log_level=raw["log_level"],

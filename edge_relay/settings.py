@@ -76,9 +76,16 @@ class Settings:
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
-def _instance_for(url: str, node: str) -> str:
+def _instance_for(url: str, node: str, key: str, source: str) -> str:
     parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as e:
+        raise ConfigError(
+            f"{source}: key `{key}`: expected a URL with a valid port, got {url!r} ({e})"
+        ) from e
+    if not parts.hostname:
+        raise ConfigError(f"{source}: key `{key}`: expected a URL with a host, got {url!r}")
     return f"{node}:{port}"
 
 
@@ -91,29 +98,34 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
     node = raw.get("node") or socket.gethostname()
     cluster = raw["cluster"]
     scrape, mqtt = raw["scrape"], raw["mqtt"]
-    try:
-        topics.validate_name("node", node)
-        topics.validate_name("cluster", cluster)
-        topics.validate_prefix(mqtt["topic_prefix"])
-    except ValueError as e:
-        raise ConfigError(f"{source}: {e}") from e
+    for key, check, value in (
+        ("node", topics.validate_name, node),
+        ("cluster", topics.validate_name, cluster),
+        ("mqtt.topic_prefix", None, mqtt["topic_prefix"]),
+    ):
+        try:
+            if check is None:
+                topics.validate_prefix(value)
+            else:
+                check(key, value)
+        except ValueError as e:
+            raise ConfigError(f"{source}: key `{key}`: {e}") from e
     names = [t["name"] for t in raw["targets"]]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"{source}: key `targets`: target names must be unique, repeated: {duplicates}")
-    if mqtt["reconnect_max_seconds"] < mqtt["reconnect_min_seconds"]:
-        raise ConfigError(f"{source}: key `mqtt.reconnect_max_seconds` must be >= mqtt.reconnect_min_seconds")
+    config_loader.check_range(mqtt, "mqtt", "reconnect_min_seconds", "reconnect_max_seconds", source)
     tls = tls_from(mqtt.get("tls"))
     targets = tuple(
         Target(
             name=t["name"],
             url=t["url"],
             job=t.get("job", t["name"]),
-            instance=t.get("instance") or _instance_for(t["url"], node),
+            instance=t.get("instance") or _instance_for(t["url"], node, f"targets[{i}].url", source),
             format=t["format"],
             labels=dict(t["labels"]),
         )
-        for t in raw["targets"]
+        for i, t in enumerate(raw["targets"])
     )
     return Settings(
         source=source,

@@ -64,6 +64,7 @@ class TargetShaper:
         self._up = self._synthetic(base, "up")
         self._duration = self._synthetic(base, "scrape_duration_seconds")
         self._scraped = self._synthetic(base, "scrape_samples_scraped")
+        self._reserved = frozenset((self._up, self._duration, self._scraped))
 
     @staticmethod
     def _synthetic(base: dict[str, str], name: str) -> Labels:
@@ -78,7 +79,11 @@ class TargetShaper:
         result = dict(labels)
         for name, value in self.target_labels.items():
             if name in result:
-                result[f"exported_{name}"] = result[name]
+                # Like Prometheus: an exposed `exported_job` moves on to `exported_exported_job`.
+                exported = f"exported_{name}"
+                while exported in result:
+                    exported = f"exported_{exported}"
+                result[exported] = result[name]
             result[name] = value
         for name, value in self.fill_labels.items():
             result.setdefault(name, value)
@@ -109,24 +114,27 @@ class TargetShaper:
         out = ShapedScrape(self.target, timestamp_ms)
         labels_out, values_out = out.labels, out.values
         explicit: dict[int, int] = {}
-        current: set[Labels] = set()
+        current: set[Labels] = set()  # series without own timestamps: they get stale markers later
+        # A series appears once per scrape; the synthetic series' labels are taken already.
+        seen: set[Labels] = set(self._reserved)
         decorate = self.decorate
         for labels, value, ts in samples or ():
             final = decorate(labels)
             if final is None:
                 out.over_label_limits += 1
                 continue
+            if final in seen:
+                out.duplicates += 1
+                continue
+            seen.add(final)
             if ts is None:
-                if final in current:
-                    out.duplicates += 1
-                    continue
                 current.add(final)
             else:
                 explicit[len(values_out)] = ts
             labels_out.append(final)
             values_out.append(value)
         scraped = len(samples) if samples is not None else 0
-        for final in self._previous - current:
+        for final in self._previous - seen:
             labels_out.append(final)
             values_out.append(STALE_NAN)
             out.stale_markers += 1
@@ -140,15 +148,6 @@ class TargetShaper:
             values_out.append(value)
         if explicit:
             out.timestamps = [explicit.get(i, timestamp_ms) for i in range(len(values_out))]
-        return out
-
-    def forget(self) -> ShapedScrape:
-        """Stale markers for everything, used when a target is removed from the configuration."""
-        out = ShapedScrape(self.target, 0)
-        for final in (*self._previous, self._up, self._duration, self._scraped):
-            out.labels.append(final)
-            out.values.append(STALE_NAN)
-        self._previous = set()
         return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 from collections.abc import Mapping
 from functools import cache
@@ -79,9 +80,30 @@ def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
     return value
 
 
+def _non_finite(value: Any, path: tuple[str | int, ...] = ()) -> tuple[str | int, ...] | None:
+    """Path of the first NaN/Inf number; JSON Schema bounds cannot refuse NaN."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, sub in items:
+        found = _non_finite(sub, (*path, key))
+        if found is not None:
+            return found
+    return None
+
+
 def validate(data: Any, schema_name: str, source: str) -> dict[str, Any]:
     """Validate ``data`` against the named schema and return it with defaults applied."""
     schema = load_schema(schema_name)
+    bad = _non_finite(data)
+    if bad is not None:
+        sub: Any = schema
+        for part in bad:
+            sub = sub.get("items", {}) if isinstance(part, int) else sub.get("properties", {}).get(part, {})
+        hint = f" (expected: {sub['description']})" if sub.get("description") else ""
+        raise ConfigError(
+            f"{source}: invalid configuration:\n  key `{_key_path(bad)}`: not a finite number{hint}"
+        )
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(map(str, e.absolute_path)))
     if errors:
@@ -104,6 +126,8 @@ def load(
         text = Path(source).read_text(encoding="utf-8")
     except OSError as e:
         raise ConfigError(f"{source}: cannot read config file: {e.strerror or e}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{source}: not UTF-8 text (byte {e.start}): save the file as UTF-8") from e
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -132,6 +156,17 @@ def _env_override(config: dict[str, Any], key_path: str, env_names: tuple[str, .
         *parents, last = key_path.split(".")
         node = config
         for p in parents:
-            node = node.setdefault(p, {})
+            if not isinstance(node.get(p), dict):
+                node[p] = {}  # an empty YAML section (`mqtt:`) reads as None
+            node = node[p]
         node[last] = value
         return
+
+
+def check_range(section: dict[str, Any], name: str, low_key: str, high_key: str, source: str) -> None:
+    """Refuse a pair of keys where the maximum is below the minimum."""
+    if section[high_key] < section[low_key]:
+        raise ConfigError(
+            f"{source}: key `{name}.{high_key}`: expected a value >= {name}.{low_key} "
+            f"({section[low_key]}), got {section[high_key]}"
+        )

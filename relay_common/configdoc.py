@@ -36,7 +36,8 @@ def _rows(schema: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, st
     for name, sub in schema.get("properties", {}).items():
         key = f"{prefix}{name}"
         default = "required" if name in required else json.dumps(sub["default"]) if "default" in sub else ""
-        yield key, _type(sub), default, sub.get("description", "").replace("|", "\\|")
+        description = sub.get("description", "").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+        yield key, _type(sub), default, description
         if sub.get("type") == "object" and "properties" in sub:
             yield from _rows(sub, f"{key}.")
         if sub.get("type") == "array" and "properties" in sub.get("items", {}):

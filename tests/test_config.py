@@ -276,11 +276,6 @@ targets:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: edge_relay/settings.py _instance_for (line 81) lets urlsplit().port raise a bare "
-    "ValueError for a URL with an invalid port, instead of a ConfigError naming targets[0].url",
-)
 @pytest.mark.parametrize("url", ["http://127.0.0.1:99999/metrics", "http://exporter:abc/metrics"])
 def test_target_url_with_bad_port_is_a_config_error(tmp_path: Path, url: str) -> None:
     message = edge_error(tmp_path, f"node: n1\ntargets:\n  - name: exp\n    url: '{url}'\n")
@@ -399,12 +394,6 @@ def test_edge_config_errors(tmp_path: Path, text: str, expected: list[str]) -> N
         assert part in message, f"{part!r} not in {message!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: edge_relay/settings.py from_dict (lines 95-99) re-raises topics.validate_* errors as "
-    "f'{source}: {e}' without the dotted key, e.g. 'prefix '$sys': character '$' is not allowed' names "
-    "no `mqtt.topic_prefix` (cloud_ingest/settings.py does name it)",
-)
 def test_edge_bad_topic_prefix_error_names_the_key(tmp_path: Path) -> None:
     message = edge_error(tmp_path, T + "mqtt:\n  topic_prefix: $sys\n")
     assert "mqtt.topic_prefix" in message
@@ -444,12 +433,6 @@ def test_unreadable_file(tmp_path: Path) -> None:
     assert str(tmp_path) in str(info.value) and "cannot read" in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=UnicodeDecodeError,
-    reason="bug: relay_common/config.py load() (lines 103-106) catches only OSError around "
-    "read_text(encoding='utf-8'); a non-UTF-8 file raises a bare UnicodeDecodeError, not a ConfigError",
-)
 def test_not_utf8_file(tmp_path: Path) -> None:
     path = tmp_path / "latin1.yaml"
     path.write_bytes(b"node: n\xe9\n" + T.encode())
@@ -510,22 +493,11 @@ def test_cloud_config_errors(tmp_path: Path, text: str, expected: list[str]) -> 
         assert part in message, f"{part!r} not in {message!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: cloud_ingest/settings.py from_dict does not check remote_write.retry_max_seconds >= "
-    "retry_min_seconds; check-config passes and `cloud-ingest run` then dies with a bare ValueError from "
-    "Backoff(s.retry_min_seconds, s.retry_max_seconds) in cloud_ingest/service.py",
-)
 def test_cloud_retry_max_below_min_is_refused(tmp_path: Path) -> None:
     message = cloud_error(tmp_path, MINIMAL_CLOUD + "  retry_min_seconds: 60\n")
     assert "remote_write.retry_max_seconds" in message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: relay_common/config.py validate(): JSON Schema bounds (exclusiveMinimum 0, maximum 3600) "
-    "never reject NaN, so YAML `.nan` (or EDGE_RELAY_SCRAPE_INTERVAL=nan) loads as interval_seconds=nan",
-)
 def test_nan_interval_in_file_is_refused(tmp_path: Path) -> None:
     message = edge_error(tmp_path, T + "scrape:\n  interval_seconds: .nan\n")
     assert "scrape.interval_seconds" in message
@@ -609,23 +581,11 @@ def test_env_interval_out_of_range(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert "EDGE_RELAY_SCRAPE_INTERVAL" in message  # via the key's description
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: relay_common/config.py validate(): NaN passes exclusiveMinimum/maximum, so "
-    "EDGE_RELAY_SCRAPE_INTERVAL=nan is accepted as interval_seconds=nan",
-)
 def test_env_interval_nan_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGE_RELAY_SCRAPE_INTERVAL", "nan")
     edge_error(tmp_path, MINIMAL_EDGE)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="bug: relay_common/config.py _env_override: `node = node.setdefault(p, {})` returns the "
-    "existing None when the file has an empty section (`mqtt:` with only comments under it), so "
-    "EDGE_RELAY_MQTT_PASSWORD crashes with TypeError instead of loading (or a ConfigError)",
-)
 def test_env_override_into_empty_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EDGE_RELAY_MQTT_PASSWORD", "s3cret")
     path = write(tmp_path, MINIMAL_EDGE + "mqtt:\n  # password: set EDGE_RELAY_MQTT_PASSWORD instead\n")

@@ -23,7 +23,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from services import Mosquitto, Prometheus  # noqa: E402
+from services import Mosquitto, Prometheus, ServiceError  # noqa: E402
 from stack import ingest_config, program, relay_config  # noqa: E402
 
 
@@ -42,12 +42,15 @@ def start_simulator(
     return proc, ready["exporters"]
 
 
-def count_samples(prom: Prometheus) -> tuple[int, int]:
-    result = prom.query('count({job=~".+"})')["result"]
-    series = int(float(result[0]["value"][1])) if result else 0
-    result = prom.query('sum(count_over_time({job=~".+"}[1h]))')["result"]
-    samples = int(float(result[0]["value"][1])) if result else 0
-    return series, samples
+def arrived(prom: Prometheus) -> str:
+    def scalar(promql: str) -> float:
+        result = prom.query(promql)["result"]
+        return float(result[0]["value"][1]) if result else 0.0
+
+    series = scalar('count({job=~".+"})')
+    scrapes = scalar("sum(count_over_time(up[1h]))")
+    age = scalar("time() - max(timestamp(up))") if scrapes else float("nan")
+    return f"{series:.0f} series, {scrapes:.0f} target scrapes; newest sample {age:.1f}s old"
 
 
 def main() -> int:
@@ -78,7 +81,7 @@ def main() -> int:
     ingest_cfg = ingest_config(workdir, mqtt_port=mosquitto.port, remote_write_url=prom.remote_write_url)
     ingest = program("cloud-ingest", "cloud_ingest.cli", ingest_cfg, workdir).start()
     relay = program("edge-relay", "edge_relay.cli", relay_cfg, workdir).start()
-    query = 'sum by (job) (count_over_time({job=~".+"}[5m]))'
+    query = "sum by (job) (count_over_time(up[5m]))"
     print(
         f"""
 Local stack is up (working directory {workdir}):
@@ -90,7 +93,7 @@ Local stack is up (working directory {workdir}):
 
 Try in Prometheus ({prom.url}/graph):
   {query}
-  kepler_node_cpu_joules_total
+  sum by (pod_name) (rate(kepler_container_joules_total[1m]))
   DCGM_FI_DEV_GPU_UTIL
 Press Ctrl-C to stop.
 """,
@@ -107,14 +110,11 @@ Press Ctrl-C to stop.
                 rc = 1
                 break
             try:
-                series, samples = count_samples(prom)
-            except requests.RequestException as e:
+                status = arrived(prom)
+            except (requests.RequestException, ServiceError) as e:
                 print(f"cannot query Prometheus: {e}")
                 continue
-            print(
-                f"[{time.strftime('%H:%M:%S')}] Prometheus holds {series} series, {samples} samples",
-                flush=True,
-            )
+            print(f"[{time.strftime('%H:%M:%S')}] in Prometheus: {status}", flush=True)
             if args.duration and time.monotonic() - started >= args.duration:
                 break
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -63,6 +64,9 @@ class Uplink:
         self._client: mqtt.Client | None = None
         self._connected = False
         self._connack_pending = False
+        self._refusal: tuple[int, str] | None = None
+        self._connected_since = 0.0
+        self._max_packet: int | None = None  # the broker's MaximumPacketSize (MQTT 5 CONNACK)
         self._inflight: dict[int, float] = {}  # seq -> monotonic time of last publication
         # Publications the broker has not PUBACKed yet: lost with the connection, so sent again at once.
         self._mid_seq: dict[int, int] = {}
@@ -152,15 +156,30 @@ class Uplink:
             return
         self._client = client
         self._connack_pending = True
+        self._refusal = None
         deadline = time.monotonic() + cfg.keepalive_seconds
         while self._connack_pending and time.monotonic() < deadline and not self._stop.is_set():
             if client.loop(timeout=0.1) != mqtt.MQTT_ERR_SUCCESS:
                 break
-        if not self._connected:
-            self._drop_client()
-            if self._connack_pending:
-                self._connect_failed("no CONNACK (connection closed or timed out)")
-                self._maybe_switch_protocol()
+        if self._connected:
+            self._connected_since = time.monotonic()
+            return
+        self._drop_client()
+        refusal = self._refusal
+        if (
+            refusal is not None
+            and refusal[0] in _UNSUPPORTED_VERSION
+            and cfg.protocol == "auto"
+            and self._use_v5
+        ):
+            # Only an explicit "unsupported protocol version" moves us to 3.1.1, and only once per
+            # refusal: a dropped CONNECT (broker restarting, partition) must not downgrade a v5 broker.
+            self._use_v5 = False
+            log.warning("broker refused MQTT 5 (%s); retrying with MQTT 3.1.1", refusal[1])
+            return
+        self._connect_failed(
+            f"refused: {refusal[1]}" if refusal else "no CONNACK (connection closed or timed out)"
+        )
 
     def _connect_failed(self, why: str) -> None:
         delay = self.backoff.next_delay()
@@ -174,10 +193,6 @@ class Uplink:
         )
         # Not woken by new spool rows: only the backoff (or a stop) ends this wait.
         self._stop.wait(delay)
-
-    def _maybe_switch_protocol(self) -> None:
-        if self.cfg.protocol == "auto":
-            self._use_v5 = not self._use_v5
 
     def _drop_client(self) -> None:
         if self._client is not None:
@@ -199,14 +214,11 @@ class Uplink:
         self._connack_pending = False
         value = getattr(reason_code, "value", reason_code)
         if getattr(reason_code, "is_failure", bool(value)):
-            log.error("MQTT broker refused the connection: %s", reason_code)
-            if value in _UNSUPPORTED_VERSION and self.cfg.protocol == "auto":
-                self._use_v5 = not self._use_v5
-                log.warning("falling back to MQTT %s", "5" if self._use_v5 else "3.1.1")
+            self._refusal = (value, str(reason_code))
             return
         self._connected = True
         self.connected_event.set()
-        self.backoff.reset()
+        self._max_packet = getattr(properties, "MaximumPacketSize", None) if properties is not None else None
         self.metrics.mqtt_connects.labels("connected").inc()
         self.metrics.mqtt_connected.set(1)
         session_present = bool(getattr(flags, "session_present", False))
@@ -248,6 +260,9 @@ class Uplink:
         except codec.DecodeError as e:
             log.error("ignoring malformed ack on %s: %s", message.topic, e)
             return
+        if ack.node != self.node:
+            log.error("ignoring ack for node %r on %s (this is %r)", ack.node, message.topic, self.node)
+            return
         now = time.monotonic()
         done: list[int] = []
         for result in ack.results:
@@ -261,7 +276,7 @@ class Uplink:
             done.append(result.seq)
         try:
             self.spool.ack(done)
-        except SpoolError as e:
+        except (SpoolError, sqlite3.Error) as e:
             # The rows stay; their acks will come again when the batches are re-published.
             log.error("cannot delete acked rows from the spool: %s", e)
         self.metrics.inflight.set(len(self._inflight))
@@ -284,6 +299,16 @@ class Uplink:
         rows = self.spool.pending(room, exclude=self._inflight.keys())
         sent: list[int] = []
         for row in rows:
+            # Topic + header overhead is far below 1 KiB; a row the broker cannot take would block the
+            # spool forever, so it is set aside (kept, counted, reported) instead.
+            if self._max_packet is not None and len(row.payload) + 1024 > self._max_packet:
+                reason = (
+                    f"{len(row.payload)} bytes exceed the broker's maximum packet size {self._max_packet}"
+                )
+                log.error("quarantining spool row seq=%d: %s", row.seq, reason)
+                self.spool.quarantine(row.seq, reason)
+                self.metrics.samples_dropped.labels("oversized_batch").inc(row.sample_count)
+                continue
             info = client.publish(self.batch_topic, row.payload, qos=1)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 break
@@ -297,11 +322,17 @@ class Uplink:
         self.metrics.inflight.set(len(self._inflight))
 
     def _run(self) -> None:
-        try:
-            self._loop()
-        except Exception:
-            log.exception("uplink thread crashed")
-            raise
+        # Supervise: a spool hiccup (locked database, I/O error) or a bug must not end shipping for good.
+        while True:
+            try:
+                self._loop()
+                return
+            except Exception:
+                log.exception("uplink error; reconnecting after a pause")
+                self._drop_client()
+                self._stop.wait(self.backoff.next_delay())
+                if self._stop.is_set():
+                    return
 
     def _loop(self) -> None:
         while True:
@@ -318,10 +349,22 @@ class Uplink:
                 continue
             client = self._client
             if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS or not self._connected:
-                log.warning("lost connection to MQTT broker %s:%d", self.cfg.host, self.cfg.port)
                 self._drop_client()
+                # Wait before reconnecting: two relays sharing a client id, or a broker that drops us
+                # right after CONNACK, must not turn into a reconnect storm.
+                delay = self.backoff.next_delay()
+                log.warning(
+                    "lost connection to MQTT broker %s:%d; reconnecting in %.1fs",
+                    self.cfg.host,
+                    self.cfg.port,
+                    delay,
+                )
+                self._stop.wait(delay)
                 continue
             now = time.monotonic()
+            if self._connected_since and now - self._connected_since >= self.cfg.keepalive_seconds:
+                self.backoff.reset()  # the connection proved stable
+                self._connected_since = 0.0
             if self._wake.is_set() or now - self._last_pump >= _PUMP_EVERY_S:
                 self._wake.clear()
                 self._last_pump = now
@@ -339,11 +382,18 @@ class Uplink:
         if client is None or not self._connected:
             return
         # A clean DISCONNECT suppresses the will, so say "offline" ourselves.
-        info = client.publish(self.status_topic, self._status_payload("offline"), qos=1, retain=True)
-        deadline = time.monotonic() + 2
-        while not info.is_published() and time.monotonic() < deadline:
-            if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
-                break
-        client.disconnect()
-        client.loop(timeout=0.1)
-        self._drop_client()
+        try:
+            info = client.publish(self.status_topic, self._status_payload("offline"), qos=1, retain=True)
+            deadline = time.monotonic() + 2
+            while (
+                info.rc == mqtt.MQTT_ERR_SUCCESS and not info.is_published() and time.monotonic() < deadline
+            ):
+                if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
+                    break
+            client.disconnect()
+            client.loop(timeout=0.1)
+        except (RuntimeError, ValueError, OSError) as e:
+            # The connection broke while leaving: the broker publishes the will ("offline") instead.
+            log.warning("could not say goodbye to the broker: %s", e)
+        finally:
+            self._drop_client()

@@ -240,6 +240,10 @@ _PROTOCOL_HEADERS = frozenset(
 # Prometheus retries only 5xx and 429.
 _RETRY_4XX = frozenset({408, 429})
 _RETRY_AFTER_STATUSES = frozenset({429, 503})
+# 5xx answers that mean "never": Prometheus with an out-of-order window answers 500 "too old sample"
+# for samples older than the window. Retrying forever would block the node's queue, so after a few
+# identical answers the batch is rejected (dead-lettered, replayable) instead.
+PERMANENT_5XX_MARKERS = ("too old sample", "out of bounds")
 _NETWORK_ERRORS = (
     requests.RequestException,
     urllib3.exceptions.HTTPError,
@@ -323,6 +327,7 @@ class RemoteWriteClient:
         stop_event: threading.Event | None = None,
         clock: Callable[[], float] = time.monotonic,
         warn_interval_s: float = 30.0,
+        permanent_after: int = 3,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -334,6 +339,7 @@ class RemoteWriteClient:
         self.url = url
         self.timeout_s = float(timeout_s)
         self.max_retry_s = float(max_retry_s)
+        self.permanent_after = permanent_after
         self._headers = {
             "Content-Encoding": "snappy",
             "Content-Type": "application/x-protobuf",
@@ -388,6 +394,7 @@ class RemoteWriteClient:
         backoff = self._backoff.clone()
         start = self._clock()
         attempts = 0
+        permanent = 0
         while True:
             attempts += 1
             result = self._attempt(body)
@@ -405,6 +412,15 @@ class RemoteWriteClient:
                 )
                 return WriteOutcome("rejected", result.http_status, attempts, result.reason, elapsed)
 
+            status = result.http_status or 0
+            if status >= 500 and any(m in result.reason.lower() for m in PERMANENT_5XX_MARKERS):
+                permanent += 1
+                if permanent >= self.permanent_after:
+                    reason = f"{result.reason} (answered {permanent} times: the receiver will not take it)"
+                    log.error(
+                        "remote write of %d samples to %s refused for good: %s", samples, self.url, reason
+                    )
+                    return WriteOutcome("rejected", result.http_status, attempts, reason, elapsed)
             delay = backoff.next_delay()
             if result.retry_after_s is not None:
                 delay = max(delay, result.retry_after_s)

@@ -91,7 +91,13 @@ class Relay:
         self.loops = [TargetLoop(t, s, self.metrics) for t in s.targets]
         self.encoder = BatchEncoder(s.cluster, s.node, max_bytes=s.batch_max_bytes, zstd_level=s.zstd_level)
         self.uplink = Uplink(
-            s.mqtt, cluster=s.cluster, node=s.node, spool=self.spool, metrics=self.metrics, status=self.status
+            s.mqtt,
+            cluster=s.cluster,
+            node=s.node,
+            spool=self.spool,
+            metrics=self.metrics,
+            status=self.status,
+            live_window_s=s.interval_seconds,
         )
         self.stop_event = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(self.loops)), thread_name_prefix="scrape")

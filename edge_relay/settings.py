@@ -51,6 +51,7 @@ class MQTT:
     reconnect_min_seconds: float
     reconnect_max_seconds: float
     status_interval_seconds: float
+    order: str = "live_first"
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +161,7 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
             reconnect_min_seconds=float(mqtt["reconnect_min_seconds"]),
             reconnect_max_seconds=float(mqtt["reconnect_max_seconds"]),
             status_interval_seconds=float(mqtt["status_interval_seconds"]),
+            order=mqtt["order"],
         ),
         metrics_listen=raw["metrics"]["listen"],
         raw=raw,

@@ -62,7 +62,13 @@ _SQLITE_NOTADB: Final = 26
 _SEQ_TIME_FACTOR: Final = 1000
 _MAX_VARS: Final = 500  # below SQLITE_MAX_VARIABLE_NUMBER (999) of old SQLite builds
 _SYNC_MODES: Final = frozenset({"OFF", "NORMAL", "FULL", "EXTRA"})
-_ORDERS: Final = {"oldest": "seq ASC", "newest": "seq DESC", "priority": "priority DESC, seq ASC"}
+_ORDERS: Final = {
+    "oldest": "seq ASC",
+    "newest": "seq DESC",
+    "priority": "priority DESC, seq ASC",
+    # By the age of the data, not of the row: a re-downsampled row gets a new seq but old samples.
+    "oldest_data": "first_ts_ms ASC, seq ASC",
+}
 _MIN_CAP_BYTES: Final = 64 * 1024
 _WAL_LIMIT_BYTES: Final = 4 * 1024 * 1024
 _SIDE_FILES: Final = ("-wal", "-shm", "-journal")

@@ -26,7 +26,7 @@ from paho.mqtt.properties import Properties
 
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
-from edge_relay.spool import Spool, SpoolError
+from edge_relay.spool import Spool, SpoolError, SpoolRow
 from relay_common.backoff import Backoff
 from relay_common.mqtt_tls import tls_configure
 from schemas import codec, topics
@@ -48,8 +48,10 @@ class Uplink:
         spool: Spool,
         metrics: RelayMetrics,
         status: Callable[[], dict[str, Any]],
+        live_window_s: float = 5.0,
     ) -> None:
         self.cfg = cfg
+        self.live_window_s = live_window_s
         self.cluster = cluster
         self.node = node
         self.spool = spool
@@ -282,6 +284,34 @@ class Uplink:
         self.metrics.inflight.set(len(self._inflight))
         self._wake.set()
 
+    def _next_rows(self) -> list[SpoolRow]:
+        """What to publish now, by ``mqtt.order``.
+
+        strict: one batch at a time, oldest data first, so even a receiver without an out-of-order
+        window sees every series in time order (at the price of one round trip per batch).
+        live_first: the newest batch when it is fresh (scraped within two intervals) goes first, so
+        dashboards are current as soon as the link is back; the backlog drains oldest-first in the
+        rest of the window (a live batch that finds the window full goes first once an ack frees a slot).
+        """
+        inflight = self._inflight
+        if self.cfg.order == "strict":
+            return self.spool.pending(1, exclude=inflight.keys(), order="oldest_data") if not inflight else []
+        room = self.cfg.inflight_batches - len(inflight)
+        if room <= 0:
+            return []
+        fresh_after_ms = int(time.time() * 1000) - int(2 * self.live_window_s * 1000)
+        live = [
+            r
+            for r in self.spool.pending(min(room, 2), exclude=inflight.keys(), order="newest")
+            if r.attempts == 0 and r.created_ms >= fresh_after_ms
+        ]
+        backlog_room = room - len(live)
+        if backlog_room <= 0:
+            return live
+        taken = {r.seq for r in live}
+        backlog = self.spool.pending(backlog_room, exclude=taken.union(inflight), order="oldest_data")
+        return live + backlog
+
     def _pump(self, client: mqtt.Client) -> None:
         now = time.monotonic()
         expired = [s for s, t in self._inflight.items() if now - t > self.cfg.ack_timeout_seconds]
@@ -293,10 +323,7 @@ class Uplink:
                 self.cfg.ack_timeout_seconds,
                 len(expired),
             )
-        room = self.cfg.inflight_batches - len(self._inflight)
-        if room <= 0:
-            return
-        rows = self.spool.pending(room, exclude=self._inflight.keys())
+        rows = self._next_rows()
         sent: list[int] = []
         for row in rows:
             # Topic + header overhead is far below 1 KiB; a row the broker cannot take would block the

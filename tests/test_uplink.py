@@ -303,9 +303,17 @@ def make_uplink(make_service: ServiceFactory) -> Iterator[Callable[..., Uplink]]
     """Started uplinks, stopped at teardown (before the services, which make_service reaps later)."""
     uplinks: list[Uplink] = []
 
-    def make(cfg: MQTT, spool: Spool, *, start: bool = True) -> Uplink:
+    def make(cfg: MQTT, spool: Spool, *, start: bool = True, live_window_s: float = 0.0) -> Uplink:
+        # live_window_s=0: no row counts as "live", so these tests see the backlog order (oldest first);
+        # test_live_first_* sets it to check the live-first order.
         uplink = Uplink(
-            cfg, cluster=CLUSTER, node=NODE, spool=spool, metrics=RelayMetrics(), status=spool_status(spool)
+            cfg,
+            cluster=CLUSTER,
+            node=NODE,
+            spool=spool,
+            metrics=RelayMetrics(),
+            status=spool_status(spool),
+            live_window_s=live_window_s,
         )
         if start:
             uplink.start()
@@ -1009,3 +1017,39 @@ def test_oversized_batch_neither_blocks_the_spool_nor_storms_the_broker(
     wait_until(lambda: not set(small) & set(spool_seqs(spool)), timeout=10, message="small rows acked")
     assert cloud.distinct() >= set(small)
     assert big not in cloud.distinct()
+
+
+# -- ordering after an outage --------------------------------------------------------------------
+
+
+def test_live_first_sends_the_fresh_batch_before_the_backlog(
+    mosquitto: Mosquitto,
+    spool: Spool,
+    make_cloud: Callable[..., FakeCloud],
+    make_uplink: Callable[..., Uplink],
+) -> None:
+    backlog = append_rows(spool, 5)
+    time.sleep(1.2)  # older than two live windows of 0.5 s: this is backlog now
+    fresh = append_rows(spool, 1)
+    cloud = make_cloud(mosquitto, ack_all)
+    uplink = make_uplink(mqtt_cfg(mosquitto.port, inflight_batches=1), spool, live_window_s=0.5)
+    uplink.kick()
+    wait_until(lambda: not spool_seqs(spool), timeout=15, message="spool drained")
+    assert cloud.seqs() == fresh + backlog  # live first, then the backlog oldest-first
+
+
+def test_strict_order_sends_one_batch_at_a_time_oldest_first(
+    mosquitto: Mosquitto,
+    spool: Spool,
+    make_cloud: Callable[..., FakeCloud],
+    make_uplink: Callable[..., Uplink],
+) -> None:
+    backlog = append_rows(spool, 5)
+    time.sleep(1.2)
+    fresh = append_rows(spool, 1)
+    cloud = make_cloud(mosquitto, ack_all)
+    cfg = mqtt_cfg(mosquitto.port, inflight_batches=10, order="strict")
+    make_uplink(cfg, spool, live_window_s=0.5).kick()
+    wait_until(lambda: not spool_seqs(spool), timeout=15, message="spool drained")
+    assert cloud.seqs() == backlog + fresh
+    assert cloud.max_outstanding == 1

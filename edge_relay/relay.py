@@ -18,13 +18,15 @@ from typing import Any
 from edge_relay import settings as settings_mod
 from edge_relay.encode import BatchEncoder
 from edge_relay.parse import ParseError, SampleLimitExceeded, SeriesCache, parse
+from edge_relay.retention import Policy, Retention, describe
 from edge_relay.scrape import Fetched, Scraper
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import Settings, Target
 from edge_relay.shape import ShapedScrape, TargetShaper, fill_labels_for
-from edge_relay.spool import Spool, SpoolFullError
+from edge_relay.spool import Spool, SpoolError, SpoolFullError
 from edge_relay.uplink import Uplink
 from relay_common.httpserver import MetricsServer
+from schemas.model import Batch
 
 log = logging.getLogger("edge_relay")
 
@@ -75,10 +77,6 @@ class TargetLoop:
         if samples is not None:
             self.metrics.samples_scraped.labels(self.target.name).inc(len(samples))
         shaped = self.shaper.shape(fetched.timestamp_ms, samples, duration)
-        if shaped.duplicates:
-            self.metrics.samples_dropped.labels("duplicate_series").inc(shaped.duplicates)
-        if shaped.over_label_limits:
-            self.metrics.samples_dropped.labels("label_limits").inc(shaped.over_label_limits)
         self.metrics.stale_markers.inc(shaped.stale_markers)
         return shaped
 
@@ -88,6 +86,30 @@ class Relay:
         self.settings = s
         self.metrics = metrics or RelayMetrics()
         self.spool = Spool(s.spool_path, synchronous=s.spool_synchronous, max_bytes=s.spool_max_bytes or None)
+        self.metrics.attach_ledger(self.spool.loss_totals)
+        self.retention = Retention(
+            self.spool,
+            Policy(
+                cap_bytes=s.spool_cap_bytes,
+                max_age_ms=int(s.spool_max_age_seconds * 1000),
+                max_factor=s.spool_max_degrade_factor,
+                interval_ms=int(s.interval_seconds * 1000),
+                busy_ms=int(s.mqtt.ack_timeout_seconds * 1000),
+                batch_max_bytes=s.batch_max_bytes,
+                zstd_level=s.zstd_level,
+            ),
+            cluster=s.cluster,
+            node=s.node,
+        )
+        if self.spool.recovery is not None:
+            r = self.spool.recovery
+            self._record_loss(
+                "spool_file_corrupt",
+                f"file moved aside to {r.moved_to.name}; {r.salvaged_rows} rows salvaged",
+                0,
+                0,
+                0,
+            )
         self.loops = [TargetLoop(t, s, self.metrics) for t in s.targets]
         self.encoder = BatchEncoder(s.cluster, s.node, max_bytes=s.batch_max_bytes, zstd_level=s.zstd_level)
         self.uplink = Uplink(
@@ -105,14 +127,57 @@ class Relay:
 
     def status(self) -> dict[str, Any]:
         st = self.spool.stats()
-        oldest = st.oldest_first_ts_ms
-        return {
+        totals = self.spool.loss_totals()
+        status: dict[str, Any] = {
             "spool_rows": st.rows,
             "spool_bytes": st.bytes,
             "spool_samples": st.samples,
-            "oldest_unsent_ms": oldest,
+            "oldest_unsent_ms": st.oldest_first_ts_ms,
             "quarantined_rows": st.quarantined_rows,
+            # "offline, data safe" vs "data lost": the loss ledger's totals travel with the status.
+            "lost_samples": sum(totals.values()),
         }
+        for reason, samples in totals.items():
+            status[f"lost_{reason}"] = samples
+        return status
+
+    def _record_loss(self, reason: str, series: str, first_ms: int, last_ms: int, samples: int) -> None:
+        try:
+            self.spool.record_loss(reason, series, first_ms, last_ms, samples)
+        except SpoolError as e:
+            # Even the ledger cannot be written (disk full): say so loudly rather than lose the fact.
+            log.error("cannot record %d %s samples of %s in the loss ledger: %s", samples, reason, series, e)
+
+    def _spool_batch(self, batch: Batch) -> bool:
+        def append() -> None:
+            self.spool.append(
+                lambda seq: self.encoder.encode(batch, seq),
+                first_ts_ms=batch.first_timestamp_ms,
+                last_ts_ms=batch.last_timestamp_ms,
+                sample_count=batch.sample_count,
+            )
+
+        try:
+            append()
+            return True
+        except SpoolFullError as e:
+            self.metrics.spool_errors.labels("full").inc()
+            log.error("spool is full (%s): evicting the oldest batches to make room", e)
+        # New data is what an operator needs first after an outage: the oldest backlog makes room.
+        self.retention.make_room(int(time.time() * 1000), 2 * self.settings.batch_max_bytes)
+        try:
+            append()
+            return True
+        except SpoolFullError as e:
+            log.error("spool still full (%s): %d samples of this cycle are lost", e, batch.sample_count)
+            self._record_loss(
+                "spool_full",
+                describe([batch]),
+                batch.first_timestamp_ms,
+                batch.last_timestamp_ms,
+                batch.sample_count,
+            )
+            return False
 
     def _update_spool_metrics(self) -> None:
         st = self.spool.stats()
@@ -126,25 +191,22 @@ class Relay:
     def cycle(self) -> int:
         """One scrape of every target, spooled. Returns the number of samples spooled."""
         shaped = list(self.pool.map(lambda loop: loop.run_once(), self.loops))
+        for s in shaped:
+            job = f'{{job="{s.target}"}}'
+            if s.duplicates:
+                self._record_loss("duplicate_series", job, s.timestamp_ms, s.timestamp_ms, s.duplicates)
+            if s.over_label_limits:
+                self._record_loss("label_limits", job, s.timestamp_ms, s.timestamp_ms, s.over_label_limits)
         spooled = 0
         for batch in self.encoder.build(shaped):
-            n = batch.sample_count
-            try:
-                self.spool.append(
-                    lambda seq, b=batch: self.encoder.encode(b, seq),
-                    first_ts_ms=batch.first_timestamp_ms,
-                    last_ts_ms=batch.last_timestamp_ms,
-                    sample_count=n,
-                )
-            except SpoolFullError as e:
-                # Nothing else can hold these samples; count them as lost, loudly.
-                log.error("spool is full (%s): %d samples of this cycle are lost", e, n)
-                self.metrics.spool_errors.labels("full").inc()
-                self.metrics.samples_dropped.labels("spool_full").inc(n)
-                continue
-            spooled += n
-            self.metrics.batches_spooled.inc()
-            self.metrics.samples_spooled.inc(n)
+            if self._spool_batch(batch):
+                spooled += batch.sample_count
+                self.metrics.batches_spooled.inc()
+                self.metrics.samples_spooled.inc(batch.sample_count)
+        try:
+            self.retention.enforce(int(time.time() * 1000))
+        except SpoolError as e:
+            log.error("cannot apply the spool caps this cycle: %s", e)
         self.cycles += 1
         self._update_spool_metrics()
         self.uplink.kick()

@@ -5,7 +5,11 @@ Each relay process gets its own registry so tests can run several relays in one 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 
 class RelayMetrics:
@@ -29,12 +33,10 @@ class RelayMetrics:
             "Samples written to the spool (scraped, synthetic and stale markers).",
             registry=r,
         )
-        self.samples_dropped = Counter(
-            "edge_relay_samples_dropped_total",
-            "Samples dropped on purpose or by force, by reason. Each one is also in the loss ledger.",
-            ["reason"],
-            registry=r,
-        )
+        # edge_relay_samples_dropped_total comes from the loss ledger (see attach_ledger), so it survives
+        # restarts and can never disagree with `edge-relay ledger`.
+        self._ledger_totals: Callable[[], dict[str, int]] = dict
+        r.register(_LedgerCollector(self))
         self.stale_markers = Counter(
             "edge_relay_stale_markers_total", "Stale markers emitted for vanished series.", registry=r
         )
@@ -89,3 +91,26 @@ class RelayMetrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=r,
         )
+
+    def attach_ledger(self, totals: Callable[[], dict[str, int]]) -> None:
+        """Where edge_relay_samples_dropped_total reads its numbers: samples by reason."""
+        self._ledger_totals = totals
+
+
+class _LedgerCollector(Collector):
+    def __init__(self, metrics: RelayMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "edge_relay_samples_dropped",
+            "Samples dropped or merged away on purpose or by force, by reason (the loss ledger's totals).",
+            labels=["reason"],
+        )
+        try:
+            totals = self.metrics._ledger_totals()
+        except Exception:  # a scrape of /metrics must not fail because the spool is busy
+            totals = {}
+        for reason, samples in sorted(totals.items()):
+            family.add_metric([reason], samples)
+        yield family

@@ -70,6 +70,9 @@ class Settings:
     spool_path: str
     spool_synchronous: str
     spool_max_bytes: int
+    spool_cap_bytes: int
+    spool_max_age_seconds: float
+    spool_max_degrade_factor: int
     batch_max_bytes: int
     zstd_level: int
     mqtt: MQTT
@@ -143,6 +146,9 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         spool_path=os.path.expanduser(raw["spool"]["path"]),
         spool_synchronous=raw["spool"]["synchronous"],
         spool_max_bytes=raw["spool"]["max_bytes"],
+        spool_cap_bytes=raw["spool"]["cap_bytes"] or raw["spool"]["max_bytes"] * 4 // 5,
+        spool_max_age_seconds=float(raw["spool"]["max_age_seconds"]),
+        spool_max_degrade_factor=raw["spool"]["max_degrade_factor"],
         batch_max_bytes=raw["batch"]["max_bytes"],
         zstd_level=raw["batch"]["zstd_level"],
         mqtt=MQTT(

@@ -54,7 +54,7 @@ from typing import Final, TypeVar, cast
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 _SQLITE_CORRUPT: Final = 11
 _SQLITE_FULL: Final = 13
@@ -68,6 +68,8 @@ _ORDERS: Final = {
     "priority": "priority DESC, seq ASC",
     # By the age of the data, not of the row: a re-downsampled row gets a new seq but old samples.
     "oldest_data": "first_ts_ms ASC, seq ASC",
+    # What a cap gives up first: lowest priority, then oldest data.
+    "evict": "priority ASC, first_ts_ms ASC, seq ASC",
 }
 _MIN_CAP_BYTES: Final = 64 * 1024
 _WAL_LIMIT_BYTES: Final = 4 * 1024 * 1024
@@ -116,6 +118,25 @@ _SCHEMA_V1: Final = (
     )""",
     "INSERT OR IGNORE INTO meta (key, value) VALUES ('last_seq', 0)",
 )
+
+# v2: the loss ledger (every sample dropped or merged on purpose, by reason) and the resolution of
+# re-downsampled rows (absent = as scraped).
+_SCHEMA_V2: Final = (
+    """CREATE TABLE IF NOT EXISTS ledger (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        ts_ms INTEGER NOT NULL,
+        reason TEXT NOT NULL,
+        series TEXT NOT NULL,
+        first_ts_ms INTEGER NOT NULL,
+        last_ts_ms INTEGER NOT NULL,
+        samples INTEGER NOT NULL
+    )""",
+    "CREATE INDEX IF NOT EXISTS ledger_reason_series ON ledger (reason, series, ts_ms)",
+    "CREATE TABLE IF NOT EXISTS resolution (seq INTEGER PRIMARY KEY, factor INTEGER NOT NULL)",
+)
+# Ledger entries of one reason and series within this window are added up into one row, so a target
+# that exposes duplicates every 5 s makes one row an hour, not 720.
+_LEDGER_BUCKET_MS: Final = 3_600_000
 
 _T = TypeVar("_T")
 
@@ -179,6 +200,30 @@ class SpoolStats:
     quarantined_rows: int
     file_bytes: int  # database + WAL + shared-memory index on disk
     last_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class LossEntry:
+    """One line of the loss ledger: ``samples`` of ``series`` in [first_ts_ms, last_ts_ms] were dropped
+    or merged away for ``reason``."""
+
+    id: int
+    ts_ms: int
+    reason: str
+    series: str
+    first_ts_ms: int
+    last_ts_ms: int
+    samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class Replacement:
+    """A batch that takes the place of others (re-downsampled backlog)."""
+
+    encode: Callable[[int], bytes]
+    first_ts_ms: int
+    last_ts_ms: int
+    sample_count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,15 +415,17 @@ class Spool:
             n = 0
             for chunk in _chunks(ids):
                 n += conn.execute(f"DELETE FROM batches WHERE seq IN ({_marks(chunk)})", chunk).rowcount
+                conn.execute(f"DELETE FROM resolution WHERE seq IN ({_marks(chunk)})", chunk)
             conn.execute("COMMIT")
             return n
 
         return self._run("ack", op)
 
-    def quarantine(self, seq: int, reason: str) -> None:
-        """Move one row out of circulation (e.g. the cloud could not decode it). Unknown seq: no-op."""
+    def quarantine(self, seq: int, reason: str, ledger_reason: str = "corrupt_row") -> None:
+        """Move one row out of circulation (e.g. the broker cannot take it). Unknown seq: no-op.
+        Its samples go into the loss ledger under ``ledger_reason``."""
         s = operator.index(seq)
-        self._run("quarantine", lambda conn: self._quarantine_locked(conn, [(s, str(reason))]))
+        self._run("quarantine", lambda conn: self._quarantine_locked(conn, [(s, str(reason))], ledger_reason))
 
     def quarantined(self) -> list[QuarantinedRow]:
         def op(conn: sqlite3.Connection) -> list[QuarantinedRow]:
@@ -406,6 +453,144 @@ class Spool:
             return n
 
         return self._run("clear_quarantine", op)
+
+    # --- loss ledger, eviction and re-downsampling ----------------------------------------------
+
+    def _ledger_add(
+        self,
+        conn: sqlite3.Connection,
+        now: int,
+        reason: str,
+        series: str,
+        first: int,
+        last: int,
+        samples: int,
+    ) -> None:
+        updated = conn.execute(
+            "UPDATE ledger SET samples = samples + ?, first_ts_ms = min(first_ts_ms, ?),"
+            " last_ts_ms = max(last_ts_ms, ?), ts_ms = ? WHERE id = (SELECT id FROM ledger"
+            " WHERE reason = ? AND series = ? AND ts_ms >= ? ORDER BY id DESC LIMIT 1)",
+            (samples, first, last, now, reason, series, now - _LEDGER_BUCKET_MS),
+        ).rowcount
+        if not updated:
+            conn.execute(
+                "INSERT INTO ledger (ts_ms, reason, series, first_ts_ms, last_ts_ms, samples)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (now, reason, series, first, last, samples),
+            )
+
+    def record_loss(self, reason: str, series: str, first_ts_ms: int, last_ts_ms: int, samples: int) -> None:
+        """Write a ledger entry (added to the previous one of the same reason and series within an hour)."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            self._ledger_add(conn, self._clock_ms(), reason, series, first_ts_ms, last_ts_ms, samples)
+            conn.execute("COMMIT")
+
+        self._run("record_loss", op)
+
+    def losses(self, limit: int = 100) -> list[LossEntry]:
+        """The newest ledger entries, newest first."""
+
+        def op(conn: sqlite3.Connection) -> list[LossEntry]:
+            rows = conn.execute(
+                "SELECT id, ts_ms, reason, series, first_ts_ms, last_ts_ms, samples FROM ledger"
+                " ORDER BY id DESC LIMIT ?",
+                (limit,),
+            ).fetchall()
+            return [LossEntry(*r) for r in rows]
+
+        return self._run("losses", op)
+
+    def loss_totals(self) -> dict[str, int]:
+        """Samples in the ledger by reason, over the spool's whole life."""
+
+        def op(conn: sqlite3.Connection) -> dict[str, int]:
+            rows = conn.execute("SELECT reason, sum(samples) FROM ledger GROUP BY reason").fetchall()
+            return {reason: int(total) for reason, total in rows}
+
+        return self._run("loss_totals", op)
+
+    def evict(self, rows: Sequence[SpoolRow], reason: str, describe: Callable[[SpoolRow], str]) -> int:
+        """Delete ``rows`` and record each in the ledger, in one transaction. Returns rows deleted."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            now = self._clock_ms()
+            conn.execute("BEGIN IMMEDIATE")
+            deleted = 0
+            for row in rows:
+                if conn.execute("DELETE FROM batches WHERE seq = ?", (row.seq,)).rowcount:
+                    deleted += 1
+                    conn.execute("DELETE FROM resolution WHERE seq = ?", (row.seq,))
+                    self._ledger_add(
+                        conn, now, reason, describe(row), row.first_ts_ms, row.last_ts_ms, row.sample_count
+                    )
+            conn.execute("COMMIT")
+            return deleted
+
+        return self._run("evict", op)
+
+    def replace(
+        self,
+        old: Sequence[int],
+        new: Sequence[Replacement],
+        *,
+        factor: int,
+        loss: tuple[str, str, int, int, int] | None,
+    ) -> list[int]:
+        """Swap rows ``old`` for ``new`` (new seqs, resolution ``factor``) and record ``loss``
+        (reason, series, first, last, samples) in one transaction. Returns the new seqs.
+
+        New seqs, not reused ones: an ack still on its way for an old seq then deletes nothing.
+        """
+
+        def op(conn: sqlite3.Connection) -> list[int]:
+            now = self._clock_ms()
+            conn.execute("BEGIN IMMEDIATE")
+            for chunk in _chunks(list(old)):
+                conn.execute(f"DELETE FROM batches WHERE seq IN ({_marks(chunk)})", chunk)
+                conn.execute(f"DELETE FROM resolution WHERE seq IN ({_marks(chunk)})", chunk)
+            (last_seq,) = conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+            (max_row,) = conn.execute("SELECT max(seq) FROM batches").fetchone()
+            seq = max(int(last_seq), int(max_row or 0))
+            seqs: list[int] = []
+            for item in new:
+                seq += 1
+                blob = bytes(item.encode(seq))
+                conn.execute(
+                    f"INSERT INTO batches ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, 0, NULL)",
+                    (
+                        seq,
+                        blob,
+                        zlib.crc32(blob),
+                        item.first_ts_ms,
+                        item.last_ts_ms,
+                        item.sample_count,
+                        len(blob),
+                        now,
+                    ),
+                )
+                conn.execute("INSERT INTO resolution (seq, factor) VALUES (?, ?)", (seq, factor))
+                seqs.append(seq)
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'last_seq'", (seq,))
+            if loss is not None and loss[4] > 0:
+                self._ledger_add(conn, now, *loss)
+            conn.execute("COMMIT")
+            return seqs
+
+        return self._run("replace", op)
+
+    def resolution(self, seqs: Sequence[int]) -> dict[int, int]:
+        """Resolution factor of each seq (1 = as scraped)."""
+
+        def op(conn: sqlite3.Connection) -> dict[int, int]:
+            found: dict[int, int] = {}
+            for chunk in _chunks(list(seqs)):
+                q = f"SELECT seq, factor FROM resolution WHERE seq IN ({_marks(chunk)})"
+                found.update(conn.execute(q, chunk).fetchall())
+            return {s: found.get(s, 1) for s in seqs}
+
+        return self._run("resolution", op)
 
     def stats(self) -> SpoolStats:
         def op(conn: sqlite3.Connection) -> SpoolStats:
@@ -546,7 +731,9 @@ class Spool:
             if version < 1:
                 for stmt in _SCHEMA_V1:
                     conn.execute(stmt)
-            # Future versions: `if version < 2: ...` here.
+            if version < 2:
+                for stmt in _SCHEMA_V2:
+                    conn.execute(stmt)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
@@ -672,22 +859,29 @@ class Spool:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(f"{self.path}.corrupt-{stamp}{suffix}")
 
-    def _quarantine_locked(self, conn: sqlite3.Connection, items: Sequence[tuple[int, str]]) -> None:
+    def _quarantine_locked(
+        self, conn: sqlite3.Connection, items: Sequence[tuple[int, str]], ledger_reason: str = "corrupt_row"
+    ) -> None:
         try:
-            moved = self._move_to_quarantine(conn, items, keep_payload=True)
+            moved = self._move_to_quarantine(conn, items, keep_payload=True, ledger_reason=ledger_reason)
         except sqlite3.Error as exc:
             _rollback_quietly(conn)
             if not _is_full(exc):
                 raise
             # A full spool must still be able to take a bad row out of circulation, or pending() would
             # fail until someone intervenes: keep the evidence minus the payload.
-            moved = self._move_to_quarantine(conn, items, keep_payload=False)
+            moved = self._move_to_quarantine(conn, items, keep_payload=False, ledger_reason=ledger_reason)
         for seq, reason in moved:
             self._quarantined_total += 1
             log.error("spool %s: quarantined batch seq=%d: %s", self.path, seq, reason)
 
     def _move_to_quarantine(
-        self, conn: sqlite3.Connection, items: Sequence[tuple[int, str]], *, keep_payload: bool
+        self,
+        conn: sqlite3.Connection,
+        items: Sequence[tuple[int, str]],
+        *,
+        keep_payload: bool,
+        ledger_reason: str = "corrupt_row",
     ) -> list[tuple[int, str]]:
         now = self._clock_ms()
         moved: list[tuple[int, str]] = []
@@ -706,6 +900,9 @@ class Spool:
                 values,
             )
             moved.append((seq, note))
+            first, last, count = raw[3], raw[4], raw[5]
+            if all(type(v) is int for v in (first, last, count)):
+                self._ledger_add(conn, now, ledger_reason, f"spool seq {seq}", first, last, count)
         conn.execute("COMMIT")
         return moved
 

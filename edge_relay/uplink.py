@@ -333,8 +333,7 @@ class Uplink:
                     f"{len(row.payload)} bytes exceed the broker's maximum packet size {self._max_packet}"
                 )
                 log.error("quarantining spool row seq=%d: %s", row.seq, reason)
-                self.spool.quarantine(row.seq, reason)
-                self.metrics.samples_dropped.labels("oversized_batch").inc(row.sample_count)
+                self.spool.quarantine(row.seq, reason, ledger_reason="oversized_batch")
                 continue
             info = client.publish(self.batch_topic, row.payload, qos=1)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:

@@ -35,7 +35,10 @@ class Acker:
         result: str,
         reason: str | None = None,
     ) -> None:
-        payload = codec.encode_ack(node, [codec.AckResult(seq, result, reason)])
+        if reason is not None and len(reason) > codec.MAX_REASON_CHARS:
+            # The full text is in the dead-letter store; the edge only needs to know why, briefly.
+            reason = reason[: codec.MAX_REASON_CHARS - 3] + "..."
+        payload = codec.encode_ack(node, [codec.AckResult(seq, result, reason or None)])
         self.connection.publish(topics.ack_topic(self.prefix, cluster, node), payload, qos=1)
         self.connection.puback(message)
 

@@ -1,8 +1,10 @@
 """Stage 4 (cloud): tell the edge the outcome, then release the MQTT message.
 
 The application ack goes to ``<prefix>/v1/<cluster>/<node>/ack`` (QoS 1); only after that is the
-MQTT PUBACK sent, so a replica that dies before this point leaves the message with the broker, which
-hands it to another replica.
+MQTT PUBACK is sent, so a replica that dies before this point leaves the message in its session at the
+broker: mosquitto 2.0 redelivers it when that client id reconnects (it does not hand it to another member
+of the share group), and in any case the edge publishes the batch again after its ack timeout. Ingester
+replicas therefore need stable client ids (a StatefulSet, or CLOUD_INGEST_CLIENT_ID set per replica).
 """
 
 from __future__ import annotations

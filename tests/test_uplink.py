@@ -28,6 +28,7 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
+from netfaults import BlackholeProxy
 from services import LOOPBACK, Mosquitto, ServiceFactory, wait_until
 
 from edge_relay.selfmetrics import RelayMetrics
@@ -619,86 +620,6 @@ def test_last_will_offline_after_abrupt_death(mosquitto: Mosquitto, tmp_path: Pa
 
 
 # -- 8. silent network partition --------------------------------------------------------------------
-
-
-class BlackholeProxy:
-    """TCP proxy on 127.0.0.1 that can be switched to swallow everything, both ways, closing nothing.
-
-    While blackholed, bytes read from either side are dropped and neither a FIN nor a reset is passed
-    on (the broker timing the connection out must not tell the client), as on a dead link.
-    """
-
-    def __init__(self, target_port: int) -> None:
-        self.target = (LOOPBACK, target_port)
-        self.forwarding = threading.Event()
-        self.forwarding.set()
-        self.connections = 0
-        self._socks: set[socket.socket] = set()
-        self._lock = threading.Lock()
-        self._closing = False
-        self._listener = socket.create_server((LOOPBACK, 0))
-        self._listener.settimeout(0.2)
-        self.port: int = self._listener.getsockname()[1]
-        self._thread = threading.Thread(target=self._accept, name="proxy-accept", daemon=True)
-        self._thread.start()
-
-    def blackhole(self) -> None:
-        self.forwarding.clear()
-
-    def heal(self) -> None:
-        self.forwarding.set()
-
-    def _accept(self) -> None:
-        while not self._closing:
-            try:
-                downstream, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
-            try:
-                upstream = socket.create_connection(self.target, timeout=5)
-            except OSError:
-                downstream.close()
-                continue
-            for s in (downstream, upstream):
-                s.settimeout(None)
-            with self._lock:
-                self.connections += 1
-                self._socks.update((downstream, upstream))
-            for src, dst in ((downstream, upstream), (upstream, downstream)):
-                threading.Thread(target=self._pump, args=(src, dst), name="proxy-pump", daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while True:
-                data = src.recv(65536)
-                if not data:
-                    break
-                if self.forwarding.is_set():
-                    dst.sendall(data)
-        except OSError:
-            pass
-        # While blackholed, only the side that went away is closed; the other end notices by itself.
-        self._close(src)
-        if self.forwarding.is_set():
-            self._close(dst)
-
-    def _close(self, s: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            s.shutdown(socket.SHUT_RDWR)  # wakes the pump blocked in recv() on it
-        s.close()
-        with self._lock:
-            self._socks.discard(s)
-
-    def close(self) -> None:
-        self._closing = True
-        self._thread.join(5)
-        self._listener.close()
-        with self._lock:
-            socks = list(self._socks)
-        for s in socks:
-            self._close(s)
 
 
 def test_silent_partition_detected_by_keepalive_then_everything_delivered(

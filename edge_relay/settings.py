@@ -20,6 +20,7 @@ SCHEMA = "edge-relay-config.schema.json"
 ENV_OVERRIDES: tuple[config_loader.EnvOverride, ...] = (
     ("node", ("EDGE_RELAY_NODE", "NODE_NAME"), str),
     ("scrape.interval_seconds", ("EDGE_RELAY_SCRAPE_INTERVAL",), float),
+    ("mqtt.username", ("EDGE_RELAY_MQTT_USERNAME",), str),
     ("mqtt.password", ("EDGE_RELAY_MQTT_PASSWORD",), str),
 )
 

@@ -84,6 +84,16 @@ def write_yaml(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
+def apply_overrides(cfg: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """``mqtt__keepalive_seconds=3`` sets cfg["mqtt"]["keepalive_seconds"]; ``targets=[...]`` a top key."""
+    for key, value in overrides.items():
+        section, _, sub = key.partition("__")
+        if sub:
+            cfg.setdefault(section, {})[sub] = value
+        else:
+            cfg[section] = value
+
+
 def relay_config(
     workdir: Path,
     *,
@@ -114,12 +124,7 @@ def relay_config(
         },
         "metrics": {"listen": f"127.0.0.1:{free_port()}"},
     }
-    for key, value in overrides.items():
-        section, _, sub = key.partition("__")
-        if sub:
-            cfg.setdefault(section, {})[sub] = value
-        else:
-            cfg[section] = value
+    apply_overrides(cfg, overrides)
     return write_yaml(workdir / "relay.yaml", cfg)
 
 
@@ -135,12 +140,7 @@ def ingest_config(workdir: Path, *, mqtt_port: int, remote_write_url: str, **ove
         "dead_letter": {"path": str(workdir / "dead-letter.db")},
         "metrics": {"listen": f"127.0.0.1:{free_port()}"},
     }
-    for key, value in overrides.items():
-        section, _, sub = key.partition("__")
-        if sub:
-            cfg.setdefault(section, {})[sub] = value
-        else:
-            cfg[section] = value
+    apply_overrides(cfg, overrides)
     return write_yaml(workdir / "ingest.yaml", cfg)
 
 

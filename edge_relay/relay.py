@@ -86,7 +86,8 @@ class Relay:
         self.settings = s
         self.metrics = metrics or RelayMetrics()
         self.spool = Spool(s.spool_path, synchronous=s.spool_synchronous, max_bytes=s.spool_max_bytes or None)
-        self.metrics.attach_ledger(self.spool.loss_totals)
+        self._unrecorded: list[tuple[str, str, int, int, int]] = []
+        self.metrics.attach_ledger(self.loss_totals)
         self.retention = Retention(
             self.spool,
             Policy(
@@ -100,6 +101,7 @@ class Relay:
             ),
             cluster=s.cluster,
             node=s.node,
+            busy=lambda: self.uplink.inflight_seqs,
         )
         if self.spool.recovery is not None:
             r = self.spool.recovery
@@ -127,7 +129,7 @@ class Relay:
 
     def status(self) -> dict[str, Any]:
         st = self.spool.stats()
-        totals = self.spool.loss_totals()
+        totals = self.loss_totals()
         status: dict[str, Any] = {
             "spool_rows": st.rows,
             "spool_bytes": st.bytes,
@@ -142,20 +144,48 @@ class Relay:
         return status
 
     def _record_loss(self, reason: str, series: str, first_ms: int, last_ms: int, samples: int) -> None:
-        try:
-            self.spool.record_loss(reason, series, first_ms, last_ms, samples)
-        except SpoolError as e:
-            # Even the ledger cannot be written (disk full): say so loudly rather than lose the fact.
-            log.error("cannot record %d %s samples of %s in the loss ledger: %s", samples, reason, series, e)
+        self._unrecorded.append((reason, series, first_ms, last_ms, samples))
+        self._flush_losses()
+
+    def _flush_losses(self) -> None:
+        """Write pending ledger entries; on a full disk they wait in memory (and still count)."""
+        while self._unrecorded:
+            entry = self._unrecorded[0]
+            try:
+                self.spool.record_loss(*entry)
+            except SpoolError as e:
+                log.error(
+                    "cannot write %d %s samples of %s to the loss ledger yet: %s",
+                    entry[4],
+                    entry[0],
+                    entry[1],
+                    e,
+                )
+                return
+            self._unrecorded.pop(0)
+
+    def loss_totals(self) -> dict[str, int]:
+        totals = self.spool.loss_totals()
+        for reason, _, _, _, samples in list(self._unrecorded):
+            totals[reason] = totals.get(reason, 0) + samples
+        return totals
 
     def _spool_batch(self, batch: Batch) -> bool:
+        size = [self.settings.batch_max_bytes]
+
+        def encode(seq: int) -> bytes:
+            payload = self.encoder.encode(batch, seq)
+            size[0] = len(payload)
+            return payload
+
         def append() -> None:
             self.spool.append(
-                lambda seq: self.encoder.encode(batch, seq),
+                encode,
                 first_ts_ms=batch.first_timestamp_ms,
                 last_ts_ms=batch.last_timestamp_ms,
                 sample_count=batch.sample_count,
             )
+            self.metrics.batch_bytes.inc(size[0])
 
         try:
             append()
@@ -164,7 +194,10 @@ class Relay:
             self.metrics.spool_errors.labels("full").inc()
             log.error("spool is full (%s): evicting the oldest batches to make room", e)
         # New data is what an operator needs first after an outage: the oldest backlog makes room.
-        self.retention.make_room(int(time.time() * 1000), 2 * self.settings.batch_max_bytes)
+        try:
+            self.retention.make_room(int(time.time() * 1000), size[0])
+        except SpoolError as e:
+            log.error("cannot make room in the spool: %s", e)
         try:
             append()
             return True
@@ -191,6 +224,7 @@ class Relay:
     def cycle(self) -> int:
         """One scrape of every target, spooled. Returns the number of samples spooled."""
         shaped = list(self.pool.map(lambda loop: loop.run_once(), self.loops))
+        self._flush_losses()
         for s in shaped:
             job = f'{{job="{s.target}"}}'
             if s.duplicates:

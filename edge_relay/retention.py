@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 from array import array
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from edge_relay.spool import Replacement, Spool, SpoolRow
@@ -98,9 +98,18 @@ def downsample(
 
 
 class Retention:
-    def __init__(self, spool: Spool, policy: Policy, *, cluster: str, node: str) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        policy: Policy,
+        *,
+        cluster: str,
+        node: str,
+        busy: Callable[[], Collection[int]] = frozenset,
+    ) -> None:
         self.spool = spool
         self.policy = policy
+        self.busy = busy  # seqs the uplink has in flight: an ack may be on its way
         self.cluster = cluster
         self.node = node
 
@@ -114,7 +123,7 @@ class Retention:
             return f"spool seq {row.seq}"
 
     def _candidates(self, now_ms: int, order: str, limit: int) -> list[SpoolRow]:
-        rows = self.spool.pending(limit, order=order)
+        rows = self.spool.pending(limit, order=order, exclude=self.busy())
         return [r for r in rows if r.last_sent_ms is None or now_ms - r.last_sent_ms > self.policy.busy_ms]
 
     def enforce(self, now_ms: int) -> None:

@@ -73,6 +73,7 @@ _ORDERS: Final = {
 }
 _MIN_CAP_BYTES: Final = 64 * 1024
 _WAL_LIMIT_BYTES: Final = 4 * 1024 * 1024
+_UNCAPPED_WAL_BYTES: Final = 1024 * 1024
 _SIDE_FILES: Final = ("-wal", "-shm", "-journal")
 _SALVAGE_CHUNK: Final = 64
 
@@ -659,6 +660,10 @@ class Spool:
                     if not isinstance(exc, sqlite3.Error):
                         raise
                     if _is_full(exc):
+                        if not self._max_bytes:
+                            # The disk may have room again (or less): follow it for the next attempt.
+                            with contextlib.suppress(sqlite3.Error, OSError):
+                                self._configure_size(conn)
                         raise SpoolFullError(f"{what}: spool {self.path} is full ({exc})") from exc
                     if attempt or not _is_corrupt(exc):
                         raise
@@ -740,15 +745,34 @@ class Spool:
             _rollback_quietly(conn)
             raise
 
+    def _disk_cap(self, conn: sqlite3.Connection, page_size: int) -> tuple[int, int]:
+        """Without a configured cap: (WAL limit, bytes the file may grow to on this disk).
+
+        SQLite cannot even delete once the WAL cannot grow, and a checkpoint cannot run once the file
+        cannot grow: a spool that fills the disk to the last byte locks itself up. Capping the pages
+        below the free space, with room for a small WAL, keeps acks, evictions and the ledger working.
+        """
+        (page_count,) = conn.execute("PRAGMA page_count").fetchone()
+        try:
+            st = os.statvfs(self.path.parent)
+        except OSError:
+            return _UNCAPPED_WAL_BYTES, 0
+        free = st.f_bavail * st.f_frsize
+        wal_limit = max(16 * page_size, min(_UNCAPPED_WAL_BYTES, free // 8))
+        return wal_limit, page_count * page_size + max(0, free - 2 * wal_limit)
+
     def _configure_size(self, conn: sqlite3.Connection) -> None:
         (page_size,) = conn.execute("PRAGMA page_size").fetchone()
-        wal_limit = _WAL_LIMIT_BYTES
         if self._max_bytes:
             # Split the cap between database pages and the WAL, which max_page_count does not cover.
             wal_limit = min(_WAL_LIMIT_BYTES, self._max_bytes // 8)
-            pages = self._cap_pages = (self._max_bytes - wal_limit) // page_size
+            cap_bytes = self._max_bytes - wal_limit
+        else:
+            wal_limit, cap_bytes = self._disk_cap(conn, page_size)
+        if cap_bytes:
+            pages = self._cap_pages = cap_bytes // page_size
             (got,) = conn.execute(f"PRAGMA max_page_count = {pages}").fetchone()
-            if got > pages:
+            if got > pages and self._max_bytes:
                 log.warning(
                     "spool %s already holds %d pages, above the cap of %d (%d bytes); it only takes new "
                     "batches once acks have freed room",
@@ -757,7 +781,8 @@ class Spool:
                     pages,
                     self._max_bytes,
                 )
-            conn.execute(f"PRAGMA wal_autocheckpoint = {max(16, wal_limit // page_size)}")
+        # Checkpoint often: a small WAL is one the disk can always hold.
+        conn.execute(f"PRAGMA wal_autocheckpoint = {max(16, wal_limit // page_size)}")
         # The WAL is truncated to this size after checkpoints, not to zero: the file that stays allocated
         # is where a delete can still be journaled when the disk itself is full.
         conn.execute(f"PRAGMA journal_size_limit = {wal_limit}")

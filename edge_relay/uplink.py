@@ -70,6 +70,7 @@ class Uplink:
         self._connected_since = 0.0
         self._max_packet: int | None = None  # the broker's MaximumPacketSize (MQTT 5 CONNACK)
         self._inflight: dict[int, float] = {}  # seq -> monotonic time of last publication
+        self._inflight_snapshot: frozenset[int] = frozenset()
         # Publications the broker has not PUBACKed yet: lost with the connection, so sent again at once.
         self._mid_seq: dict[int, int] = {}
         self._wake = threading.Event()
@@ -281,8 +282,17 @@ class Uplink:
         except (SpoolError, sqlite3.Error) as e:
             # The rows stay; their acks will come again when the batches are re-published.
             log.error("cannot delete acked rows from the spool: %s", e)
-        self.metrics.inflight.set(len(self._inflight))
+        self._publish_inflight()
         self._wake.set()
+
+    @property
+    def inflight_seqs(self) -> frozenset[int]:
+        """Seqs published and not yet acked (a snapshot, safe to read from any thread)."""
+        return self._inflight_snapshot
+
+    def _publish_inflight(self) -> None:
+        self._inflight_snapshot = frozenset(self._inflight)
+        self.metrics.inflight.set(len(self._inflight))
 
     def _next_rows(self) -> list[SpoolRow]:
         """What to publish now, by ``mqtt.order``.
@@ -345,7 +355,7 @@ class Uplink:
             self.metrics.publish_bytes.inc(len(row.payload))
         if sent:
             self.spool.mark_sent(sent, int(time.time() * 1000))
-        self.metrics.inflight.set(len(self._inflight))
+        self._publish_inflight()
 
     def _run(self) -> None:
         # Supervise: a spool hiccup (locked database, I/O error) or a bug must not end shipping for good.

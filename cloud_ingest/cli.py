@@ -12,6 +12,10 @@ COMMANDS: cli.Commands = {
         "cloud_ingest.deadletters_cmd",
         "list the batches that could not be written, with reasons",
     ),
+    "fleet": (
+        "cloud_ingest.fleet_cmd",
+        "one line per edge node: online/offline, verdict, backlog, losses, samples written",
+    ),
     "check-config": (
         "cloud_ingest.checkconfig",
         "validate a config file and print it with defaults filled in",

@@ -3,6 +3,13 @@
 Batches of one node always go to the same worker thread, so a node's batches are written in the
 order they arrived; different nodes are written in parallel. The ingester keeps no state that
 another replica would need: any replica can decode and write any batch.
+
+Fleet view (``cloud_ingest/fleet.py``): every replica keeps its own, from the retained status messages
+(not shared), the outcomes of the batches it handles, and the application acks of *all* replicas: it
+subscribes to ``<prefix>/v1/+/+/ack`` with QoS 0 (nothing is queued for it), so it knows which seqs
+another replica finished or rejected. Seq gaps are only exported while that view is complete: without
+a share group (every replica gets every batch), or once an ack has come back through that
+subscription (the broker may refuse it: the ingester then needs read access to the ack topics).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from cloud_ingest import settings as settings_mod
 from cloud_ingest.ack import Acker
 from cloud_ingest.deadletter import DeadLetterStore
 from cloud_ingest.decode import Refused, decode
+from cloud_ingest.fleet import Fleet
 from cloud_ingest.selfmetrics import IngestMetrics
 from cloud_ingest.settings import Settings
 from cloud_ingest.subscribe import Subscriber
@@ -34,9 +42,19 @@ log = logging.getLogger("cloud_ingest")
 
 
 class Ingester:
-    def __init__(self, s: Settings, metrics: IngestMetrics | None = None) -> None:
+    def __init__(
+        self, s: Settings, metrics: IngestMetrics | None = None, *, fleet: Fleet | None = None
+    ) -> None:
         self.settings = s
-        self.metrics = metrics or IngestMetrics()
+        if metrics is not None and fleet is not None and metrics.fleet is not fleet:
+            raise ValueError("pass the fleet inside the metrics (IngestMetrics(fleet=...)), not beside them")
+        self.metrics = metrics or IngestMetrics(fleet=fleet)
+        self.fleet = self.metrics.fleet
+        # Without a share group every replica gets every batch, so it sees every seq by itself.
+        self.fleet.set_complete_view(s.share_group is None)
+        self.ack_filter = f"{s.topic_prefix}/{topics.TOPIC_VERSION}/+/+/ack"
+        self._ack_sub_mid: int | None = None
+        self._ack_view = False
         self.stop_event = threading.Event()
         self.dead_letters = DeadLetterStore(s.dead_letter_path)
         self.writer = RemoteWriteClient(
@@ -60,18 +78,21 @@ class Ingester:
             reconnect_max_seconds=s.reconnect_max_seconds,
             on_batch=self._enqueue,
             on_status=self._on_status,
-            on_connection=lambda up: self.metrics.mqtt_connected.set(1 if up else 0),
+            on_connection=self._on_connection,
             username=s.username,
             password=s.password,
             tls=s.tls,
         )
         self.acker = Acker(self.subscriber, s.topic_prefix)
+        self._chained_on_subscribe = self.subscriber.client.on_subscribe
+        self.subscriber.client.on_subscribe = self._on_subscribe
         self.queues: list[queue.Queue[mqtt.MQTTMessage | None]] = [queue.Queue() for _ in range(s.workers)]
         self.workers = [
             threading.Thread(target=self._work, args=(q,), name=f"ingest-{i}", daemon=True)
             for i, q in enumerate(self.queues)
         ]
         self._logged: set[tuple[str | None, str]] = set()
+        self._logged_acks: set[str] = set()
 
     def start(self) -> None:
         for w in self.workers:
@@ -89,7 +110,56 @@ class Ingester:
 
     # --- subscribe --------------------------------------------------------------------------
 
+    def _on_connection(self, up: bool) -> None:
+        self.metrics.mqtt_connected.set(1 if up else 0)
+        if not up:
+            return
+        # Called from the connect callback, before any message of the new connection is handled: acks
+        # published while this replica was away are not queued for it (QoS 0), so count gaps afresh.
+        self.fleet.reset_seq_tracking()
+        _, self._ack_sub_mid = self.subscriber.client.subscribe(self.ack_filter, qos=0)
+
+    def _on_subscribe(
+        self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: Any, properties: Any
+    ) -> None:
+        if mid == self._ack_sub_mid and any(rc.is_failure for rc in reason_codes):
+            log.warning(
+                "the broker refused the subscription to %s (%s): seq gaps are only exported without a "
+                "share group; give the ingester read access to the ack topics",
+                self.ack_filter,
+                reason_codes[0],
+            )
+            self._ack_view = False
+            self.fleet.set_complete_view(self.settings.share_group is None)
+        if self._chained_on_subscribe is not None:
+            self._chained_on_subscribe(client, userdata, mid, reason_codes, properties)
+
+    def _on_ack(self, message: mqtt.MQTTMessage) -> None:
+        """An application ack of any replica (our own included): which seqs of a node are finished."""
+        try:
+            cluster, node, _ = topics.parse_topic(self.settings.topic_prefix, message.topic)
+            ack = codec.decode_ack(message.payload)
+        except (ValueError, codec.DecodeError) as e:
+            if "bad_ack" not in self._logged_acks:
+                self._logged_acks.add("bad_ack")
+                log.warning("ignoring a malformed ack on %s: %s (logged once)", message.topic, e)
+            return
+        if ack.node != node:
+            return
+        self.fleet.observe_acks(
+            cluster,
+            node,
+            ok=[r.seq for r in ack.results if r.result == "ok"],
+            rejected=[r.seq for r in ack.results if r.result == "rejected"],
+        )
+        if not self._ack_view:
+            self._ack_view = True
+            self.fleet.set_complete_view(True)
+
     def _enqueue(self, message: mqtt.MQTTMessage) -> None:
+        if message.topic.endswith("/ack"):
+            self._on_ack(message)
+            return
         levels = message.topic.split("/")
         node_key = "/".join(levels[-3:-1]).encode()
         self.queues[zlib.crc32(node_key) % len(self.queues)].put(message)
@@ -104,10 +174,7 @@ class Ingester:
         except (ValueError, codec.DecodeError) as e:
             self._log_once(None, "bad_status", f"ignoring malformed status on {message.topic}: {e}")
             return
-        self.metrics.node_online.labels(cluster, node).set(1 if status.get("state") == "online" else 0)
-        rows = status.get("spool_rows")
-        if isinstance(rows, int):
-            self.metrics.node_backlog_rows.labels(cluster, node).set(rows)
+        self.fleet.observe_status(cluster, node, status, retained=bool(message.retain))
 
     # --- decode -> write -> ack ---------------------------------------------------------------
 
@@ -148,6 +215,8 @@ class Ingester:
             self.dead_letters.put(
                 message.topic, payload, f"{r.reason}: {r}", cluster=r.cluster, node=r.node, seq=r.seq
             )
+            if r.cluster is not None and r.node is not None:
+                self.fleet.observe_dead_letter(r.cluster, r.node, seq=r.seq, refused=True)
             if r.seq is not None and r.node is not None and r.cluster is not None:
                 self.acker.ack(
                     message, cluster=r.cluster, node=r.node, seq=r.seq, result="rejected", reason=r.reason
@@ -164,8 +233,13 @@ class Ingester:
         if outcome.status == "written":
             self.metrics.samples_written.labels(decoded.node).inc(batch.sample_count)
             self.metrics.batches_written.labels(decoded.node).inc()
-            self.metrics.last_batch.labels(decoded.cluster, decoded.node).set(batch.last_timestamp_ms / 1000)
-            self.metrics.last_seq.labels(decoded.cluster, decoded.node).set(batch.seq)
+            self.fleet.observe_written(
+                decoded.cluster,
+                decoded.node,
+                seq=batch.seq,
+                samples=batch.sample_count,
+                newest_ms=batch.last_timestamp_ms,
+            )
             self.acker.ack(message, cluster=decoded.cluster, node=decoded.node, seq=batch.seq, result="ok")
             self.metrics.acks.labels("ok").inc()
         elif outcome.status == "rejected":
@@ -175,6 +249,7 @@ class Ingester:
                 message.topic, payload, reason, cluster=decoded.cluster, node=decoded.node, seq=batch.seq
             )
             self.metrics.dead_letters.labels("receiver_rejected").inc()
+            self.fleet.observe_dead_letter(decoded.cluster, decoded.node, seq=batch.seq, refused=False)
             self.acker.ack(
                 message,
                 cluster=decoded.cluster,

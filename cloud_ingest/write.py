@@ -466,7 +466,7 @@ class RemoteWriteClient:
             return _Attempt("retry_later", None, f"{type(exc).__name__}: {_shorten(str(exc))}")
         try:
             code = resp.status_code
-            head = self._drain(resp)
+            head = self._drain(resp, self.timeout_s)
             retry_after = resp.headers.get("Retry-After")
         finally:
             resp.close()
@@ -483,15 +483,22 @@ class RemoteWriteClient:
         return _Attempt("retry_later", code, f"unexpected {reason}")
 
     @staticmethod
-    def _drain(resp: requests.Response) -> bytes:
-        """Up to ``_MAX_DRAIN_BYTES`` of the body.  Reading to EOF lets requests put the connection back
-        in the pool; stopping early makes ``close()`` drop it instead of downloading the rest."""
+    def _drain(resp: requests.Response, timeout_s: float) -> bytes:
+        """Up to ``_MAX_DRAIN_BYTES`` of the body, read within ``timeout_s``.  Reading to EOF lets requests
+        put the connection back in the pool; stopping early makes ``close()`` drop it instead.
+
+        ``read1`` returns whatever has arrived, so a peer trickling a body a byte at a time (each read
+        succeeding within the socket timeout) cannot hold the writer beyond the deadline.
+        """
         buf = bytearray()
+        deadline = time.monotonic() + timeout_s
+        raw = resp.raw
         try:
-            for chunk in resp.iter_content(chunk_size=16 * 1024):
-                buf += chunk
-                if len(buf) > _MAX_DRAIN_BYTES:
+            while len(buf) <= _MAX_DRAIN_BYTES and time.monotonic() < deadline:
+                chunk = raw.read1(16 * 1024, decode_content=True)
+                if not chunk:
                     break
+                buf += chunk
         except _NETWORK_ERRORS:
             # A truncated or undecodable body does not change the status we already have.
             pass

@@ -81,8 +81,10 @@ class FaultRun:
         broker_port: int,
         remote_write_url: str,
         relay_broker_port: int | None = None,
+        relay_options: dict[str, Any] | None = None,
     ) -> None:
         self.tmp_path = tmp_path
+        self.relay_options = {**RELAY_OPTIONS, **(relay_options or {})}
         self.sim = SimulatorProcess(tmp_path, seed=11, interval=1.0, churn_ticks=10)
         self.broker_port = broker_port
         self.relay_broker_port = broker_port if relay_broker_port is None else relay_broker_port
@@ -102,7 +104,7 @@ class FaultRun:
             mqtt_port=self.relay_broker_port,
             interval=1.0,
             node=NODE,
-            **RELAY_OPTIONS,
+            **self.relay_options,
         )
         self.metrics_url = f"http://{yaml.safe_load(relay_cfg.read_text())['metrics']['listen']}/metrics"
         ingest_cfg = ingest_config(

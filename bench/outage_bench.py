@@ -854,44 +854,35 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def fault_broker_restart(s: Ours, seconds: float, rng: random.Random) -> tuple[int, int, list[int]]:
+def _fault_window(
+    begin: Callable[[], object], end: Callable[[], object], seconds: float
+) -> tuple[int, int, list[int]]:
+    """``begin()``, wait ``seconds``, ``end()``; returns the fault's start and end (unix ms)."""
     t0 = _now_ms()
-    s.mosquitto.stop()
+    begin()
     time.sleep(seconds)
-    s.mosquitto.restart()
+    end()
     return t0, _now_ms(), []
+
+
+def fault_broker_restart(s: Ours, seconds: float, rng: random.Random) -> tuple[int, int, list[int]]:
+    return _fault_window(s.mosquitto.stop, s.mosquitto.restart, seconds)
 
 
 def fault_partition(s: Ours, seconds: float, rng: random.Random) -> tuple[int, int, list[int]]:
-    t0 = _now_ms()
-    s.proxy.blackhole()
-    time.sleep(seconds)
-    s.proxy.heal()
-    return t0, _now_ms(), []
+    return _fault_window(s.proxy.blackhole, s.proxy.heal, seconds)
 
 
 def fault_cut(s: Ours, seconds: float, rng: random.Random) -> tuple[int, int, list[int]]:
-    t0 = _now_ms()
-    s.proxy.cut()
-    time.sleep(seconds)
-    s.proxy.heal()
-    return t0, _now_ms(), []
+    return _fault_window(s.proxy.cut, s.proxy.heal, seconds)
 
 
 def fault_ingester_kill(s: Ours, seconds: float, rng: random.Random) -> tuple[int, int, list[int]]:
-    t0 = _now_ms()
-    s.ingest.kill()
-    time.sleep(seconds)
-    s.ingest.start()
-    return t0, _now_ms(), []
+    return _fault_window(s.ingest.kill, s.ingest.start, seconds)
 
 
 def fault_receiver_down(s: Ours, seconds: float, rng: random.Random) -> tuple[int, int, list[int]]:
-    t0 = _now_ms()
-    s.receiver.stop()
-    time.sleep(seconds)
-    s.receiver.restart()
-    return t0, _now_ms(), []
+    return _fault_window(s.receiver.stop, s.receiver.restart, seconds)
 
 
 RELAY_KILLS = 5

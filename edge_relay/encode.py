@@ -14,7 +14,7 @@ from schemas import codec
 from schemas.model import Batch, Labels, ScrapeBlock
 
 # The size check encodes with this seq: msgpack never writes a real seq in more bytes.
-_WIDEST_SEQ = 2**62
+WIDEST_SEQ = 2**62
 
 
 def to_batch(cluster: str, node: str, scrapes: Sequence[ShapedScrape]) -> Batch:
@@ -61,7 +61,7 @@ class BatchEncoder:
         if not scrapes:
             return []
         batch = to_batch(self.cluster, self.node, scrapes)
-        if len(self.encode(batch, _WIDEST_SEQ)) <= self.max_bytes:
+        if len(self.encode(batch, WIDEST_SEQ)) <= self.max_bytes:
             return [batch]
         if len(scrapes) > 1:
             mid = len(scrapes) // 2

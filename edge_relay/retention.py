@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
+from edge_relay.encode import WIDEST_SEQ, BatchEncoder
 from edge_relay.spool import Replacement, Spool, SpoolRow
 from schemas import codec
 from schemas.model import Batch, Labels, ScrapeBlock, is_stale, metric_name
@@ -110,6 +111,9 @@ class Retention:
         self.spool = spool
         self.policy = policy
         self.busy = busy  # seqs the uplink has in flight: an ack may be on its way
+        self.encoder = BatchEncoder(
+            cluster, node, max_bytes=policy.batch_max_bytes, zstd_level=policy.zstd_level
+        )
         self.cluster = cluster
         self.node = node
 
@@ -212,7 +216,7 @@ class Retention:
         if not blocks:
             return []
         batch = _subset(self.cluster, self.node, blocks, table)
-        payload = codec.encode_batch(_with_seq(batch, 2**62), level=self.policy.zstd_level)
+        payload = self.encoder.encode(batch, WIDEST_SEQ)
         if len(blocks) == 1 and len(payload) > self.policy.batch_max_bytes and len(blocks[0].values) > 1:
             block, mid = blocks[0], len(blocks[0].values) // 2
             halves = [
@@ -223,7 +227,7 @@ class Retention:
         if len(payload) <= self.policy.batch_max_bytes or len(blocks) == 1:
             return [
                 Replacement(
-                    lambda seq, b=batch: codec.encode_batch(_with_seq(b, seq), level=self.policy.zstd_level),
+                    lambda seq, b=batch: self.encoder.encode(b, seq),
                     batch.first_timestamp_ms,
                     batch.last_timestamp_ms,
                     batch.sample_count,
@@ -231,11 +235,6 @@ class Retention:
             ]
         mid = len(blocks) // 2
         return self._encode(blocks[:mid], table) + self._encode(blocks[mid:], table)
-
-
-def _with_seq(batch: Batch, seq: int) -> Batch:
-    batch.seq = seq
-    return batch
 
 
 def _subset(cluster: str, node: str, blocks: list[ScrapeBlock], table: list[Labels]) -> Batch:

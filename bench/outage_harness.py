@@ -15,6 +15,7 @@ import select
 import shutil
 import socket
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import cramjam
 import requests
@@ -692,3 +694,173 @@ def score(
         if key not in expected:
             out.extra += sum(1 for t, _ in got if t <= limit)
     return out
+
+
+# ------------------------------------------------------------------- additions for bandwidth_bench.py
+
+# Response headers the ReplayTap does not copy: hop-by-hop ones (RFC 9110, 7.6.1), and the length,
+# which it writes itself (the body it has is de-chunked).
+_HOP_BY_HOP = frozenset(
+    {"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade"}
+)
+
+
+class ReplayTap(RemoteWriteTap):
+    """A ``RemoteWriteTap`` that a client cannot tell from the receiver by the bytes it gets back.
+
+    The plain tap answers with Python's own status line and headers (``Server``, ``Content-Type``,
+    ...), which a byte-counting proxy in front of it would count as the receiver's.  This one passes
+    the client's request headers on (``Accept-Encoding`` too), returns the receiver's status line,
+    headers and raw body (only re-framed with ``Content-Length`` if it came chunked), and forwards
+    GETs as well (protocol probes, e.g. newer vmagents asking for the VictoriaMetrics protocol).
+
+    It also decodes zstd bodies (the VictoriaMetrics remote-write protocol: the same protobuf,
+    zstd instead of snappy) and counts the requests by ``Content-Encoding`` and
+    ``X-Prometheus-Remote-Write-Version`` (``encodings``), i.e. which protocol the client spoke.
+    """
+
+    def __init__(self, upstream_url: str, name: str = "tap") -> None:
+        parts = urlsplit(upstream_url)
+        self.origin = f"{parts.scheme}://{parts.netloc}"
+        self.encodings: Counter[str] = Counter()
+        super().__init__(upstream_url, name)
+
+    def _account(self, body: bytes, now: float) -> None:
+        if getattr(self._local, "encoding", "") == "zstd":
+            try:  # the parent decodes snappy only: hand it the same protobuf that way
+                body = bytes(cramjam.snappy.compress_raw(cramjam.zstd.decompress(body)))
+            except Exception:
+                with self._lock:
+                    self.decode_errors += 1
+                return
+        super()._account(body, now)
+
+    def _relay(self, handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        headers = {k: v for k, v in handler.headers.items() if k.lower() not in _HOP_BY_HOP | {"host"}}
+        headers.pop("Content-Length", None)
+        headers.setdefault("Accept-Encoding", "identity")  # not requests' default: answer as to the client
+        encoding = handler.headers.get("Content-Encoding", "identity").lower()
+        if handler.command == "POST":
+            version = handler.headers.get("X-Prometheus-Remote-Write-Version")
+            with self._lock:
+                self.encodings[encoding + (f", remote-write {version}" if version else "")] += 1
+        try:
+            resp = self._session().request(
+                handler.command,
+                self.origin + handler.path,
+                data=body or None,
+                headers=headers,
+                timeout=60,
+                stream=True,
+            )
+            raw = resp.raw.read(decode_content=False)
+            resp.raw.release_conn()  # back to the pool (Response.close() would close the connection)
+            status, reason = resp.status_code, resp.reason or ""
+            reply = [(k, v) for k, v in resp.raw.headers.items() if k.lower() not in _HOP_BY_HOP]
+        except requests.RequestException as exc:
+            status, reason = 502, "Bad Gateway"
+            raw = f"tap: upstream unreachable: {type(exc).__name__}\n".encode()
+            reply = [("Content-Type", "text/plain")]
+        if handler.command == "POST":
+            if 200 <= status < 300:
+                self._local.encoding = encoding
+                self._account(body, time.monotonic())
+                with self._lock:
+                    self.requests_ok += 1
+            else:
+                with self._lock:
+                    self.requests_failed += 1
+        reply = [(k, v) for k, v in reply if k.lower() != "content-length"]
+        if status >= 200 and status not in (204, 304):
+            reply.append(("Content-Length", str(len(raw))))
+        head = "".join(f"{k}: {v}\r\n" for k, v in reply)
+        with contextlib.suppress(OSError):
+            handler.wfile.write(f"HTTP/1.1 {status} {reason}\r\n{head}\r\n".encode("latin-1") + raw)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        tap = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_GET(self) -> None:
+                tap._relay(self, b"")
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                tap._relay(self, self.rfile.read(length) if length > 0 else b"")
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        return Handler
+
+
+def samples_stamped(tap: RemoteWriteTap, start_ms: int, end_ms: int | None = None) -> int:
+    """Distinct exporter samples the tap saw accepted whose timestamp is in ``[start_ms, end_ms)``."""
+    scrapes, _, _ = tap.scrapes()
+    return sum(n for (_, t), n in scrapes.items() if t >= start_ms and (end_ms is None or t < end_ms))
+
+
+def relay_schema_defaults(section: str) -> dict[str, Any]:
+    """The product defaults of one section of the relay's config (``schemas/edge-relay-config``)."""
+    from relay_common.config import load_schema
+
+    props = load_schema("edge-relay-config.schema.json")["properties"][section]["properties"]
+    return {key: prop["default"] for key, prop in props.items() if "default" in prop}
+
+
+def check_relay_config(path: Path) -> str | None:
+    """``edge-relay check-config``: None if the relay accepts the file, else its error message (one
+    problem a line)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_relay.cli", "check-config", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode == 0:
+        return None
+    lines = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+    return "\n".join(lines) or f"exit status {proc.returncode}"
+
+
+def write_budget(
+    path: Path,
+    *,
+    bytes_per_second: int,
+    burst_bytes: int,
+    batch_window_seconds: float,
+    classes: list[dict[str, Any]],
+) -> Path:
+    """A relay bandwidth-budget file (``budget_file``, ``schemas/bandwidth-budget.schema.json``
+    version 1): the uplink's figures and the classes."""
+    budget = {
+        "version": 1,
+        "uplink": {
+            "sustained_bytes_per_second": bytes_per_second,
+            "burst_bytes": burst_bytes,
+            "batch_window_seconds": batch_window_seconds,
+        },
+        "classes": classes,
+    }
+    path.write_text(yaml.safe_dump(budget, sort_keys=False))
+    return path
+
+
+def tool_version(argv: list[str], package: str | None = None) -> str:
+    """First line a binary prints for its version flag, or its Debian package's version if it prints
+    nothing (Debian's vmagent 1.79 prints an empty ``-version``)."""
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        lines = [line.strip() for line in (out.stdout + out.stderr).splitlines() if line.strip()]
+        if lines:
+            return lines[0]
+    if package is not None:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            out = subprocess.run(
+                ["dpkg-query", "-W", "-f", "${Version}", package], capture_output=True, text=True, timeout=30
+            )
+            if out.returncode == 0 and out.stdout.strip():
+                return f"(`{' '.join(argv)}` prints nothing; Debian package {package} {out.stdout.strip()})"
+    return f"(`{' '.join(argv)}` prints nothing)"

@@ -9,6 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from cloud_ingest.write import check_headers
 from relay_common import config as config_loader
 from relay_common.config import ConfigError
 from relay_common.mqtt_tls import TLS, tls_from
@@ -66,6 +67,16 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         raise ConfigError(f"{source}: key `mqtt.topic_prefix`: {e}") from e
     config_loader.check_range(mqtt, "mqtt", "reconnect_min_seconds", "reconnect_max_seconds", source)
     config_loader.check_range(rw, "remote_write", "retry_min_seconds", "retry_max_seconds", source)
+    # One header at a time so the message names its key; then the whole map (a name given twice).
+    for name, value in rw["headers"].items():
+        try:
+            check_headers({name: value})
+        except ValueError as e:
+            raise ConfigError(f"{source}: key `remote_write.headers.{name}`: {e}") from e
+    try:
+        check_headers(rw["headers"])
+    except ValueError as e:
+        raise ConfigError(f"{source}: key `remote_write.headers`: {e}") from e
     return Settings(
         source=source,
         log_level=raw["log_level"],

@@ -15,6 +15,7 @@ from __future__ import annotations
 import http.client
 import importlib.metadata
 import logging
+import re
 import threading
 import time
 import urllib.parse
@@ -33,9 +34,11 @@ from schemas.model import Batch, Labels
 
 __all__ = [
     "DEFAULT_USER_AGENT",
+    "PROTOCOL_HEADERS",
     "RemoteWriteClient",
     "WriteOutcome",
     "build_write_request",
+    "check_headers",
     "encode_body",
 ]
 
@@ -233,9 +236,17 @@ REASON_BODY_BYTES = 512
 # bigger is abandoned (the connection is closed) rather than downloaded.
 _MAX_DRAIN_BYTES = 64 * 1024
 _POOL_MAXSIZE = 32
-_PROTOCOL_HEADERS = frozenset(
-    {"content-encoding", "content-type", "content-length", "x-prometheus-remote-write-version", "user-agent"}
+# Set by this client on every request; a configured header of the same name (any case) is refused.
+PROTOCOL_HEADERS = (
+    "Content-Type",
+    "Content-Encoding",
+    "Content-Length",
+    "X-Prometheus-Remote-Write-Version",
+    "User-Agent",
 )
+_PROTOCOL_HEADERS = frozenset(h.lower() for h in PROTOCOL_HEADERS)
+# RFC 9110 field-name (a token).
+_HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 # Status codes retried besides 5xx.  408 is a server-side timeout, so transient like 5xx; upstream
 # Prometheus retries only 5xx and 429.
 _RETRY_4XX = frozenset({408, 429})
@@ -250,6 +261,34 @@ _NETWORK_ERRORS = (
     http.client.HTTPException,
     OSError,
 )
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """Refuse extra headers this client cannot send: ValueError naming the first bad header.
+
+    Protocol headers (``PROTOCOL_HEADERS``, any case) are the client's own; names must be HTTP tokens,
+    values ASCII without control characters or leading/trailing blanks. requests and http.client
+    would otherwise fail at send time, on every retry, or send something else than configured.
+    """
+    seen: dict[str, str] = {}
+    for name, value in headers.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise ValueError(f"header {name!r}: name and value must be strings")
+        if name.lower() in _PROTOCOL_HEADERS:
+            raise ValueError(
+                f"header {name!r} is set by the remote-write client itself and cannot be configured "
+                f"(reserved: {', '.join(PROTOCOL_HEADERS)})"
+            )
+        if not _HEADER_NAME_RE.fullmatch(name):
+            raise ValueError(f"header {name!r}: not a valid HTTP header name (letters, digits, -, _ ...)")
+        if not value.isascii() or any(not c.isprintable() for c in value) or value != value.strip():
+            raise ValueError(
+                f"header {name!r}: the value must be printable ASCII without line breaks or "
+                "leading/trailing blanks"
+            )
+        if name.lower() in seen:
+            raise ValueError(f"header {name!r} is given twice (also as {seen[name.lower()]!r})")
+        seen[name.lower()] = name
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,13 +385,9 @@ class RemoteWriteClient:
             "X-Prometheus-Remote-Write-Version": "0.1.0",
             "User-Agent": user_agent,
         }
-        for name, value in (headers or {}).items():
-            if name.lower() in _PROTOCOL_HEADERS:
-                raise ValueError(f"header {name!r} is set by the remote-write protocol; not configurable")
-            if any(c in name + value for c in "\r\n\0") or not name.isascii() or not value.isascii():
-                # http.client would fail at send time (and keep failing on every retry).
-                raise ValueError(f"header {name!r}: name and value must be ASCII without line breaks")
-            self._headers[name] = value
+        headers = headers or {}
+        check_headers(headers)
+        self._headers.update(headers)
         self._backoff = backoff if backoff is not None else Backoff(0.5, 30.0)
         self._owns_session = session is None
         if session is None:

@@ -11,6 +11,7 @@ COMMANDS: cli.Commands = {
     "simulate": ("edge_relay.simulate", "serve simulated Kepler / dcgm-exporter / node-exporter metrics"),
     "ledger": ("edge_relay.ledger_cmd", "print the loss ledger: samples dropped or merged, by reason"),
     "check-config": ("edge_relay.checkconfig", "validate a config file and print it with defaults filled in"),
+    "budget": ("edge_relay.budget_cmd", "bandwidth budget: `budget plan` estimates each class's bytes/s"),
 }
 
 

@@ -1,13 +1,24 @@
 """Stage 4: cut shaped scrapes into batches and encode them with the shared codec.
 
-A batch holds whole scrapes of one cycle; only a scrape that alone is over ``max_bytes`` is split by
-series (every part keeps the scrape's timestamp), so that no MQTT message exceeds what brokers take.
+Without a batch window a batch holds whole scrapes of one cycle; only a scrape that alone is over
+``max_bytes`` is split by series (every part keeps the scrape's timestamp), so that no MQTT message
+exceeds what brokers take.
+
+With a batch window (bandwidth budget) a batch holds every scrape of the window, which is what makes
+the columnar v2 format small: each label set is written once per batch, values as deltas over time.
+A window too large for one message is split by *series* (each part keeps every scrape of its series),
+not by scrapes, so no label set is written twice. Until the window closes, each cycle's scrapes wait
+in the spool's staging table in the cheap ``stage`` form below (msgpack + zstd level 1).
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
+from typing import Any
+
+import msgpack
+import zstandard
 
 from edge_relay.shape import ShapedScrape
 from schemas import codec
@@ -44,16 +55,104 @@ def _halves(scrape: ShapedScrape) -> tuple[ShapedScrape, ShapedScrape]:
     return part(0, mid), part(mid, len(scrape))
 
 
+_STAGE_VERSION = 1
+_stage_compressor = zstandard.ZstdCompressor(level=1)
+# Staged cycles are our own, CRC-checked rows; the cap only guards against a corrupt length field.
+_STAGE_MAX_BYTES = 512 << 20
+
+
+def encode_stage(scrapes: Sequence[ShapedScrape]) -> bytes:
+    """One cycle's shaped scrapes in the staging form: cheap to write (about 0.7 us a sample)."""
+    rows = [[s.target, s.timestamp_ms, s.labels, s.values.tobytes(), s.timestamps] for s in scrapes if len(s)]
+    return _stage_compressor.compress(msgpack.packb([_STAGE_VERSION, rows], use_bin_type=True))
+
+
+def decode_stage(payload: bytes) -> list[ShapedScrape]:
+    """Inverse of ``encode_stage``; raises ValueError for anything else."""
+    try:
+        raw = zstandard.ZstdDecompressor().decompress(payload, max_output_size=_STAGE_MAX_BYTES)
+        version, rows = msgpack.unpackb(raw, use_list=False, raw=False)
+    except (zstandard.ZstdError, ValueError, TypeError) as e:
+        raise ValueError(f"not a staged cycle: {e}") from None
+    if version != _STAGE_VERSION:
+        raise ValueError(f"staged cycle of version {version!r}, this relay reads {_STAGE_VERSION}")
+    out: list[ShapedScrape] = []
+    for target, ts, labels, values, timestamps in rows:
+        column = array("d")
+        column.frombytes(values)
+        # Label sets must be tuples of tuples again: they are dict keys all the way down the pipeline.
+        label_sets: list[Any] = [tuple(tuple(pair) for pair in ls) for ls in labels]
+        stamps = list(timestamps) if timestamps is not None else None
+        out.append(ShapedScrape(target, ts, label_sets, column, stamps))
+    return out
+
+
+def _series_parts(scrapes: Sequence[ShapedScrape], parts: int) -> list[list[ShapedScrape]]:
+    """``scrapes`` cut into ``parts`` groups of disjoint series (by first appearance), all timestamps kept."""
+    order: dict[Labels, int] = {}
+    for scrape in scrapes:
+        for labels in scrape.labels:
+            if labels not in order:
+                order[labels] = len(order)
+    per_part = -(-len(order) // parts)
+    groups: list[list[ShapedScrape]] = [[] for _ in range(parts)]
+    for scrape in scrapes:
+        picks: list[list[int]] = [[] for _ in range(parts)]
+        for i, labels in enumerate(scrape.labels):
+            picks[order[labels] // per_part].append(i)
+        for part, idx in zip(groups, picks, strict=True):
+            if not idx:
+                continue
+            ts = [scrape.timestamps[i] for i in idx] if scrape.timestamps is not None else None
+            part.append(
+                ShapedScrape(
+                    scrape.target,
+                    scrape.timestamp_ms,
+                    [scrape.labels[i] for i in idx],
+                    array("d", (scrape.values[i] for i in idx)),
+                    ts,
+                )
+            )
+    return [g for g in groups if g]
+
+
 class BatchEncoder:
-    def __init__(self, cluster: str, node: str, *, max_bytes: int, zstd_level: int = 3) -> None:
+    def __init__(
+        self,
+        cluster: str,
+        node: str,
+        *,
+        max_bytes: int,
+        zstd_level: int = 3,
+        version: int = codec.FORMAT_V1,
+    ) -> None:
         self.cluster = cluster
         self.node = node
         self.max_bytes = max_bytes
         self.zstd_level = zstd_level
+        self.version = version
 
     def encode(self, batch: Batch, seq: int) -> bytes:
         batch.seq = seq
-        return codec.encode_batch(batch, level=self.zstd_level)
+        return codec.encode_batch(batch, level=self.zstd_level, version=self.version)
+
+    def build_window(self, scrapes: Sequence[ShapedScrape]) -> list[Batch]:
+        """One batch for every scrape of a window; split by series when it would exceed ``max_bytes``."""
+        scrapes = [s for s in scrapes if len(s)]
+        if not scrapes:
+            return []
+        parts = 1
+        while True:
+            groups = _series_parts(scrapes, parts)
+            batches = [to_batch(self.cluster, self.node, g) for g in groups]
+            sizes = [len(self.encode(b, WIDEST_SEQ)) for b in batches]
+            if max(sizes) <= self.max_bytes:
+                return batches
+            if all(len(b.labelsets) <= 1 for b in batches):
+                # One series' window alone is too big (a huge label set): fall back to cutting by scrape.
+                return self.build(scrapes)
+            # Aim for parts of 80% of the cap from the measured size, at least doubling.
+            parts = max(parts * 2, -(-sum(sizes) * 5 // (4 * self.max_bytes)))
 
     def build(self, scrapes: Sequence[ShapedScrape]) -> list[Batch]:
         """Batches, each of which encodes to at most ``max_bytes``."""

@@ -92,6 +92,63 @@ class RelayMetrics:
             registry=r,
         )
 
+        # Bandwidth budget (edge_relay.controller and the uplink's pacing).
+        self.wire_bytes = Counter(
+            "edge_relay_wire_bytes_total",
+            "Bytes on the relay's broker connections (TCP payload per the kernel: MQTT framing, batches, "
+            "acks, status, TLS), by direction.",
+            ["direction"],
+            registry=r,
+        )
+        self.budget_rate = Gauge(
+            "edge_relay_budget_bytes_per_second",
+            "Uplink bytes/s the budget allows now (time window and daily quota applied); 0 = no budget.",
+            registry=r,
+        )
+        self.budget_burst = Gauge("edge_relay_budget_burst_bytes", "Burst the budget allows.", registry=r)
+        self.budget_quota_used = Gauge(
+            "edge_relay_budget_quota_used_bytes", "Wire bytes counted against today's quota.", registry=r
+        )
+        self.budget_paced = Counter(
+            "edge_relay_budget_paced_seconds_total",
+            "Time batches waited because the budget's byte rate was used up.",
+            registry=r,
+        )
+        self.budget_level = Gauge(
+            "edge_relay_budget_degrade_level",
+            "Degrade level of a budget class (0 = as configured; each level doubles the resolution).",
+            ["class"],
+            registry=r,
+        )
+        self.budget_resolution = Gauge(
+            "edge_relay_budget_resolution_seconds",
+            "Resolution a budget class runs at now.",
+            ["class"],
+            registry=r,
+        )
+        self.budget_steps = Counter(
+            "edge_relay_budget_degrade_steps_total",
+            "Controller steps by class and direction (degrade / restore).",
+            ["class", "direction"],
+            registry=r,
+        )
+        self.budget_samples = Counter(
+            "edge_relay_budget_samples_total",
+            "Samples through the budget's classes by outcome: sent, suppressed (unchanged value within the "
+            "heartbeat), merged (folded into an aggregate or dropped by the class resolution).",
+            ["class", "outcome"],
+            registry=r,
+        )
+        self.budget_rounded = Counter(
+            "edge_relay_budget_precision_rounded_total",
+            "Samples whose value the class precision changed.",
+            ["class"],
+            registry=r,
+        )
+        self.budget_reloads = Counter(
+            "edge_relay_budget_reloads_total", "Budget file reloads by result.", ["result"], registry=r
+        )
+
     def attach_ledger(self, totals: Callable[[], dict[str, int]]) -> None:
         """Where edge_relay_samples_dropped_total reads its numbers: samples by reason."""
         self._ledger_totals = totals

@@ -76,8 +76,10 @@ class Settings:
     spool_max_degrade_factor: int
     batch_max_bytes: int
     zstd_level: int
+    format_version: int
     mqtt: MQTT
     metrics_listen: str
+    budget_file: str = ""  # resolved against the config file's directory; "" = no budget
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
@@ -92,6 +94,13 @@ def _instance_for(url: str, node: str, key: str, source: str) -> str:
     if not parts.hostname:
         raise ConfigError(f"{source}: key `{key}`: expected a URL with a host, got {url!r}")
     return f"{node}:{port}"
+
+
+def _beside(source: str, path: str) -> str:
+    """``path`` relative to the config file's directory (the budget ships next to the config)."""
+    if not path:
+        return ""
+    return os.path.join(os.path.dirname(os.path.abspath(source)), os.path.expanduser(path))
 
 
 def load(path: str) -> Settings:
@@ -152,6 +161,7 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         spool_max_degrade_factor=raw["spool"]["max_degrade_factor"],
         batch_max_bytes=raw["batch"]["max_bytes"],
         zstd_level=raw["batch"]["zstd_level"],
+        format_version=raw["batch"]["format_version"],
         mqtt=MQTT(
             host=mqtt["host"],
             port=mqtt["port"],
@@ -171,5 +181,6 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
             order=mqtt["order"],
         ),
         metrics_listen=raw["metrics"]["listen"],
+        budget_file=_beside(source, raw["budget_file"]),
         raw=raw,
     )

@@ -54,7 +54,7 @@ from typing import Final, TypeVar, cast
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 _SQLITE_CORRUPT: Final = 11
 _SQLITE_FULL: Final = 13
@@ -135,6 +135,20 @@ _SCHEMA_V2: Final = (
     "CREATE INDEX IF NOT EXISTS ledger_reason_series ON ledger (reason, series, ts_ms)",
     "CREATE TABLE IF NOT EXISTS resolution (seq INTEGER PRIMARY KEY, factor INTEGER NOT NULL)",
 )
+# v3: scrapes of the open batch window (bandwidth budget): durable from the cycle that scraped them until
+# they are packed into one wire batch, so a kill -9 inside a 60 s window loses nothing.
+_SCHEMA_V3: Final = (
+    """CREATE TABLE IF NOT EXISTS staging (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        payload BLOB,
+        checksum INTEGER NOT NULL,
+        first_ts_ms INTEGER NOT NULL,
+        last_ts_ms INTEGER NOT NULL,
+        sample_count INTEGER NOT NULL,
+        byte_size INTEGER NOT NULL,
+        created_ms INTEGER NOT NULL
+    )""",
+)
 # Ledger entries of one reason and series within this window are added up into one row, so a target
 # that exposes duplicates every 5 s makes one row an hour, not 720.
 _LEDGER_BUCKET_MS: Final = 3_600_000
@@ -201,6 +215,9 @@ class SpoolStats:
     quarantined_rows: int
     file_bytes: int  # database + WAL + shared-memory index on disk
     last_seq: int
+    staged_rows: int = 0  # cycles waiting for their batch window (not counted in rows/bytes/samples)
+    staged_bytes: int = 0
+    staged_samples: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +232,17 @@ class LossEntry:
     first_ts_ms: int
     last_ts_ms: int
     samples: int
+
+
+@dataclass(frozen=True, slots=True)
+class StagedRow:
+    """Scrapes of one cycle waiting for their batch window to close (not yet a batch: no seq)."""
+
+    id: int
+    payload: bytes
+    first_ts_ms: int
+    last_ts_ms: int
+    sample_count: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,6 +483,109 @@ class Spool:
 
         return self._run("clear_quarantine", op)
 
+    def get_meta(self, key: str, default: int) -> int:
+        """An integer the relay keeps across restarts (e.g. today's quota use)."""
+
+        def op(conn: sqlite3.Connection) -> int:
+            row = conn.execute("SELECT value FROM meta WHERE key = ?", (f"x:{key}",)).fetchone()
+            return int(row[0]) if row is not None and type(row[0]) is int else default
+
+        return self._run("get_meta", op)
+
+    def set_meta(self, values: dict[str, int]) -> None:
+        """Store integers for ``get_meta``; best effort on a full spool (logged, not raised)."""
+
+        def op(conn: sqlite3.Connection) -> None:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)"
+                " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                [(f"x:{k}", int(v)) for k, v in values.items()],
+            )
+            conn.execute("COMMIT")
+
+        try:
+            self._run("set_meta", op)
+        except SpoolFullError as exc:
+            log.warning("%s; %s not saved", exc, ", ".join(values))
+
+    # --- the open batch window -------------------------------------------------------------
+
+    def stage(self, payload: bytes, *, first_ts_ms: int, last_ts_ms: int, sample_count: int) -> int:
+        """Keep one cycle's scrapes durably until ``promote`` packs them into batches; returns its id.
+
+        Raises ``SpoolFullError`` like ``append``.
+        """
+        blob = bytes(payload)
+        first, last = operator.index(first_ts_ms), operator.index(last_ts_ms)
+        count = operator.index(sample_count)
+
+        def op(conn: sqlite3.Connection) -> int:
+            conn.execute("BEGIN IMMEDIATE")
+            cur = conn.execute(
+                "INSERT INTO staging (payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size,"
+                " created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (blob, zlib.crc32(blob), first, last, count, len(blob), self._clock_ms()),
+            )
+            conn.execute("COMMIT")
+            return int(cur.lastrowid or 0)
+
+        return self._run("stage", op)
+
+    def staged(self) -> list[StagedRow]:
+        """Every staged cycle, oldest first. A row that fails its checksum is deleted and its samples
+        go into the loss ledger as ``corrupt_row`` (it was never sent, so nothing else has it)."""
+
+        def op(conn: sqlite3.Connection) -> list[StagedRow]:
+            rows = conn.execute(
+                "SELECT id, payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size FROM staging"
+                " ORDER BY id"
+            ).fetchall()
+            good: list[StagedRow] = []
+            bad: list[tuple[int, int, int, int]] = []
+            for rid, payload, checksum, first, last, count, size in rows:
+                ok = (
+                    isinstance(payload, bytes)
+                    and len(payload) == size
+                    and zlib.crc32(payload) == checksum
+                    and all(type(v) is int for v in (first, last, count))
+                )
+                if ok:
+                    good.append(StagedRow(rid, payload, first, last, count))
+                else:
+                    bad.append((rid, *(v if type(v) is int else 0 for v in (first, last, count))))
+            if bad:
+                now = self._clock_ms()
+                conn.execute("BEGIN IMMEDIATE")
+                for rid, first, last, count in bad:
+                    log.error(
+                        "staged cycle %d of spool %s is corrupt: its %d samples are lost",
+                        rid,
+                        self.path,
+                        count,
+                    )
+                    conn.execute("DELETE FROM staging WHERE id = ?", (rid,))
+                    self._ledger_add(conn, now, "corrupt_row", f"spool staging {rid}", first, last, count)
+                conn.execute("COMMIT")
+            return good
+
+        return self._run("staged", op)
+
+    def promote(self, staged_ids: Sequence[int], batches: Sequence[Replacement]) -> list[int]:
+        """Replace staged cycles by the batches packed from them (new seqs), in one transaction."""
+
+        def op(conn: sqlite3.Connection) -> list[int]:
+            now = self._clock_ms()
+            conn.execute("BEGIN IMMEDIATE")
+            ids = list(staged_ids)
+            for chunk in _chunks(ids):
+                conn.execute(f"DELETE FROM staging WHERE id IN ({_marks(chunk)})", chunk)
+            seqs = _insert_new(conn, batches, now)
+            conn.execute("COMMIT")
+            return seqs
+
+        return self._run("promote", op)
+
     # --- loss ledger, eviction and re-downsampling ----------------------------------------------
 
     def _ledger_add(
@@ -551,29 +682,9 @@ class Spool:
             for chunk in _chunks(list(old)):
                 conn.execute(f"DELETE FROM batches WHERE seq IN ({_marks(chunk)})", chunk)
                 conn.execute(f"DELETE FROM resolution WHERE seq IN ({_marks(chunk)})", chunk)
-            (last_seq,) = conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
-            (max_row,) = conn.execute("SELECT max(seq) FROM batches").fetchone()
-            seq = max(int(last_seq), int(max_row or 0))
-            seqs: list[int] = []
-            for item in new:
-                seq += 1
-                blob = bytes(item.encode(seq))
-                conn.execute(
-                    f"INSERT INTO batches ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, 0, NULL)",
-                    (
-                        seq,
-                        blob,
-                        zlib.crc32(blob),
-                        item.first_ts_ms,
-                        item.last_ts_ms,
-                        item.sample_count,
-                        len(blob),
-                        now,
-                    ),
-                )
+            seqs = _insert_new(conn, new, now)
+            for seq in seqs:
                 conn.execute("INSERT INTO resolution (seq, factor) VALUES (?, ?)", (seq, factor))
-                seqs.append(seq)
-            conn.execute("UPDATE meta SET value = ? WHERE key = 'last_seq'", (seq,))
             if loss is not None and loss[4] > 0:
                 self._ledger_add(conn, now, *loss)
             conn.execute("COMMIT")
@@ -601,6 +712,12 @@ class Spool:
             ).fetchone()
             (quarantined,) = conn.execute("SELECT count(*) FROM quarantine").fetchone()
             (last_seq,) = conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+            staged = conn.execute(
+                "SELECT count(*), coalesce(sum(byte_size), 0), coalesce(sum(sample_count), 0), "
+                "min(first_ts_ms) FROM staging"
+            ).fetchone()
+            if staged[3] is not None and (oldest is None or staged[3] < oldest):
+                oldest = staged[3]
             return SpoolStats(
                 rows=int(rows),
                 bytes=int(size),
@@ -609,6 +726,9 @@ class Spool:
                 quarantined_rows=int(quarantined),
                 file_bytes=self._file_bytes(),
                 last_seq=int(last_seq),
+                staged_rows=int(staged[0]),
+                staged_bytes=int(staged[1]),
+                staged_samples=int(staged[2]),
             )
 
         return self._run("stats", op)
@@ -738,6 +858,9 @@ class Spool:
                     conn.execute(stmt)
             if version < 2:
                 for stmt in _SCHEMA_V2:
+                    conn.execute(stmt)
+            if version < 3:
+                for stmt in _SCHEMA_V3:
                     conn.execute(stmt)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
@@ -870,6 +993,20 @@ class Spool:
                 log.error("spool %s: no room to salvage more than %d batch(es)", self.path, copied)
                 break
             copied += len(rows)
+        with contextlib.suppress(sqlite3.Error):
+            # Staged cycles (an open batch window) too; the CRC check happens when they are read back.
+            staged = src.execute(
+                "SELECT payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size, created_ms"
+                " FROM staging ORDER BY id"
+            ).fetchall()
+            dst.execute("BEGIN IMMEDIATE")
+            dst.executemany(
+                "INSERT INTO staging (payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size,"
+                " created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                staged,
+            )
+            dst.execute("COMMIT")
+        _rollback_quietly(dst)
         return copied
 
     def _prune_moved_aside(self) -> None:
@@ -1065,6 +1202,33 @@ def _fsync_dir(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def _insert_new(conn: sqlite3.Connection, items: Sequence[Replacement], now: int) -> list[int]:
+    """Insert ``items`` under the next seqs (inside the caller's transaction); returns the seqs."""
+    (last_seq,) = conn.execute("SELECT value FROM meta WHERE key = 'last_seq'").fetchone()
+    (max_row,) = conn.execute("SELECT max(seq) FROM batches").fetchone()
+    seq = max(int(last_seq), int(max_row or 0))
+    seqs: list[int] = []
+    for item in items:
+        seq += 1
+        blob = bytes(item.encode(seq))
+        conn.execute(
+            f"INSERT INTO batches ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, 0, ?, 0, NULL)",
+            (
+                seq,
+                blob,
+                zlib.crc32(blob),
+                item.first_ts_ms,
+                item.last_ts_ms,
+                item.sample_count,
+                len(blob),
+                now,
+            ),
+        )
+        seqs.append(seq)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'last_seq'", (seq,))
+    return seqs
 
 
 def _seq_list(seqs: Iterable[int]) -> list[int]:

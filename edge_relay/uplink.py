@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import sqlite3
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +34,117 @@ from relay_common.mqtt_tls import tls_configure
 from schemas import codec, topics
 
 log = logging.getLogger("edge_relay.uplink")
+
+# struct tcp_info (linux/tcp.h): tcpi_bytes_acked at 120, tcpi_bytes_received at 128 (Linux 4.1),
+# tcpi_bytes_sent at 200 (Linux 4.19; counts retransmissions, which a metered link bills too).
+_TCPI_BYTES_ACKED = 120
+_TCPI_BYTES_RECEIVED = 128
+_TCPI_BYTES_SENT = 200
+_TCP_INFO_LEN = 256
+# Application-level estimate of an MQTT PUBLISH's framing (fixed header, topic, packet id, properties)
+# and its PUBACK, for kernels without TCP_INFO byte counters.
+_PUBLISH_OVERHEAD_BYTES = 96
+
+
+def tcp_bytes(sock: socket.socket | Any) -> tuple[int, int] | None:
+    """(bytes sent, bytes received) of a TCP connection's payload per the kernel, or None."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+    except (OSError, AttributeError, ValueError):
+        return None
+    if len(info) >= _TCPI_BYTES_SENT + 8:
+        sent = struct.unpack_from("<Q", info, _TCPI_BYTES_SENT)[0]
+    elif len(info) >= _TCPI_BYTES_RECEIVED + 8:
+        sent = max(0, struct.unpack_from("<Q", info, _TCPI_BYTES_ACKED)[0] - 1)  # the SYN counts as one
+    else:
+        return None
+    return sent, struct.unpack_from("<Q", info, _TCPI_BYTES_RECEIVED)[0]
+
+
+class WireMeter:
+    """Bytes on the relay's broker connections, both directions, over the relay's life.
+
+    Read from the kernel (TCP_INFO) every loop turn, so a connection that drops loses at most one
+    turn's worth (50 ms) from the count; without TCP_INFO, published payloads plus a framing estimate.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sent = 0
+        self.received = 0
+        self._last: tuple[int, int] = (0, 0)
+        self.kernel = True
+
+    def new_connection(self) -> None:
+        self._last = (0, 0)
+
+    def sample(self, sock: Any) -> tuple[int, int]:
+        """Add what the connection carried since the last sample; return the (sent, received) added."""
+        now = tcp_bytes(sock) if sock is not None and self.kernel else None
+        if now is None:
+            return 0, 0
+        d_sent, d_recv = max(0, now[0] - self._last[0]), max(0, now[1] - self._last[1])
+        self._last = now
+        with self._lock:
+            self.sent += d_sent
+            self.received += d_recv
+        return d_sent, d_recv
+
+    def estimate(self, sent: int, received: int) -> None:
+        """Fallback accounting when the kernel gives no counters."""
+        with self._lock:
+            self.sent += sent
+            self.received += received
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return self.sent + self.received
+
+
+class TokenBucket:
+    """Paces publications to ``rate`` bytes/s with ``depth`` bytes of burst, charged with real wire bytes.
+
+    A batch goes out when the bucket holds its size (or is full, so a batch larger than the depth still
+    goes, once); the bytes the connection really carried are then taken out, so acks, status messages,
+    retransmissions and TLS records all count against the budget. ``rate`` None means unlimited; a rate
+    of 0 (a used-up daily quota) lets nothing through.
+    """
+
+    def __init__(
+        self, rate: float | None = None, depth: float = 0.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._clock = clock
+        self.rate = rate
+        self.depth = float(depth)
+        self.tokens = float(depth)
+        self._at = clock()
+
+    def configure(self, rate: float | None, depth: float) -> None:
+        self._refill()
+        was_unlimited = self.rate is None
+        self.rate, self.depth = rate, float(depth)
+        # A budget that starts (or returns) starts with a full bucket: the burst is there to be used.
+        self.tokens = self.depth if was_unlimited else min(self.tokens, self.depth)
+
+    def _refill(self) -> None:
+        now = self._clock()
+        if self.rate is not None:
+            self.tokens = min(self.depth, self.tokens + (now - self._at) * self.rate)
+        self._at = now
+
+    def charge(self, nbytes: int) -> None:
+        """Take ``nbytes`` out (negative: give back an over-estimate, never above the depth)."""
+        if self.rate is not None and nbytes:
+            self._refill()
+            self.tokens = min(self.depth, self.tokens - nbytes)
+
+    def allows(self, nbytes: int) -> bool:
+        if self.rate is None:
+            return True
+        self._refill()
+        return self.tokens > 0 and self.tokens >= min(nbytes, self.depth)
+
 
 # CONNACK codes that mean "this broker does not speak the protocol version you asked for".
 _UNSUPPORTED_VERSION = {1, 132}
@@ -80,6 +193,13 @@ class Uplink:
         self._next_status = 0.0
         self._last_pump = 0.0
         self.connected_event = threading.Event()
+        self.wire = WireMeter()
+        self.bucket = TokenBucket()
+        self._budget: tuple[float | None, float] = (None, 0.0)
+        self._estimated = 0  # bytes charged by estimate, not yet matched by the kernel's count
+        self.paced_seconds = 0.0  # time batches waited for the budget (for self-metrics)
+        self.published_payload_bytes = 0
+        self._paced_since: float | None = None
 
     # --- public API (any thread) -------------------------------------------------------------
 
@@ -100,6 +220,11 @@ class Uplink:
     @property
     def connected(self) -> bool:
         return self._connected
+
+    def set_budget(self, bytes_per_second: float | None, burst_bytes: float) -> None:
+        """Pace batches to this rate (None: unlimited; 0: nothing). Safe from any thread (one assignment)."""
+        self._budget = (bytes_per_second, float(burst_bytes))
+        self._wake.set()
 
     # --- the uplink thread -------------------------------------------------------------------
 
@@ -146,6 +271,7 @@ class Uplink:
     def _connect(self) -> None:
         self.metrics.mqtt_connects.labels("attempt").inc()
         client = self._new_client()
+        self.wire.new_connection()
         cfg = self.cfg
         try:
             if self._use_v5:
@@ -336,6 +462,13 @@ class Uplink:
         rows = self._next_rows()
         sent: list[int] = []
         for row in rows:
+            if not self.bucket.allows(len(row.payload) + _PUBLISH_OVERHEAD_BYTES):
+                if self._paced_since is None:
+                    self._paced_since = now
+                break
+            if self._paced_since is not None:
+                self.paced_seconds += now - self._paced_since
+                self._paced_since = None
             # Topic + header overhead is far below 1 KiB; a row the broker cannot take would block the
             # spool forever, so it is set aside (kept, counted, reported) instead.
             if self._max_packet is not None and len(row.payload) + 1024 > self._max_packet:
@@ -353,6 +486,10 @@ class Uplink:
             sent.append(row.seq)
             self.metrics.published.labels("retry" if row.attempts else "first").inc()
             self.metrics.publish_bytes.inc(len(row.payload))
+            self.published_payload_bytes += len(row.payload)
+            # Charged now with an estimate so the next row sees it; _meter corrects it to the real bytes.
+            self.bucket.charge(len(row.payload) + _PUBLISH_OVERHEAD_BYTES)
+            self._estimated += len(row.payload) + _PUBLISH_OVERHEAD_BYTES
         if sent:
             self.spool.mark_sent(sent, int(time.time() * 1000))
         self._publish_inflight()
@@ -384,7 +521,9 @@ class Uplink:
                 self._connect()
                 continue
             client = self._client
-            if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS or not self._connected:
+            ok = client.loop(timeout=0.05) == mqtt.MQTT_ERR_SUCCESS
+            self._meter(client)
+            if not ok or not self._connected:
                 self._drop_client()
                 # Wait before reconnecting: two relays sharing a client id, or a broker that drops us
                 # right after CONNACK, must not turn into a reconnect storm.
@@ -409,6 +548,27 @@ class Uplink:
                 self._next_status = now + self.cfg.status_interval_seconds
                 client.publish(self.status_topic, self._status_payload("online"), qos=1, retain=True)
         self._leave()
+
+    def _meter(self, client: mqtt.Client) -> None:
+        rate, depth = self._budget
+        if (rate, depth) != (self.bucket.rate, self.bucket.depth):
+            self.bucket.configure(rate, depth)
+        estimated, self._estimated = self._estimated, 0
+        sock = client.socket()
+        if self.wire.kernel and sock is not None and tcp_bytes(sock) is None:
+            log.warning("no TCP_INFO byte counters on this kernel: wire bytes are estimated")
+            self.wire.kernel = False
+        if not self.wire.kernel:
+            self.wire.estimate(estimated, 0)
+            self.metrics.wire_bytes.labels("sent").inc(estimated)
+            return
+        # paho wrote this turn's publications during loop(), so the kernel's count now includes them:
+        # the real bytes replace the estimate charged at publish time (a partial write is refunded
+        # now and charged when the rest goes out).
+        sent, received = self.wire.sample(sock)
+        self.bucket.charge(sent + received - estimated)
+        self.metrics.wire_bytes.labels("sent").inc(sent)
+        self.metrics.wire_bytes.labels("received").inc(received)
 
     def _has_work(self) -> bool:
         return bool(self._inflight) or self.spool.stats().rows > 0

@@ -121,6 +121,14 @@ def load(
     path: str | os.PathLike[str], schema_name: str, env_overrides: tuple[EnvOverride, ...] = ()
 ) -> dict[str, Any]:
     """Read, override from the environment, validate, fill defaults."""
+    data = read(path)
+    for key_path, env_names, cast in env_overrides:
+        _env_override(data, key_path, env_names, cast)
+    return validate(data, schema_name, os.fspath(path))
+
+
+def read(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The file's top-level mapping, not yet validated (for checks that must see the raw YAML)."""
     source = os.fspath(path)
     try:
         text = Path(source).read_text(encoding="utf-8")
@@ -138,9 +146,7 @@ def load(
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping of keys at the top level, got {type(data).__name__}")
-    for key_path, env_names, cast in env_overrides:
-        _env_override(data, key_path, env_names, cast)
-    return validate(data, schema_name, source)
+    return data
 
 
 def _env_override(config: dict[str, Any], key_path: str, env_names: tuple[str, ...], cast: type) -> None:

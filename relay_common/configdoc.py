@@ -1,5 +1,7 @@
 """Markdown reference of every config key, generated from the JSON Schemas (the README embeds it).
 
+Covers both programs' configs and the edge relay's bandwidth-budget file.
+
 ``python -m relay_common.configdoc`` prints it, ``--update README.md`` rewrites the README's sections
 between ``<!-- config:NAME -->`` markers; a test keeps the README in step with the schemas.
 """
@@ -17,6 +19,7 @@ from relay_common.config import load_schema
 SCHEMAS = {
     "edge-relay": "edge-relay-config.schema.json",
     "cloud-ingest": "cloud-ingest-config.schema.json",
+    "bandwidth-budget": "bandwidth-budget.schema.json",
 }
 
 

@@ -5,7 +5,11 @@ The prose specification is ``schemas/wire-format.md``; golden vectors live in ``
 Envelope: ``b"ERB"`` + one format-version byte + a msgpack map (header fields and the ``body``).
 Body v1: zstd(msgpack({"labelsets": [...], "scrapes": [...]})) with sample columns as raw
 little-endian bytes, so every float64 bit pattern (the Prometheus stale marker in particular)
-survives unchanged.  Decoding dispatches on the version byte, so a v2 body codec can sit beside v1.
+survives unchanged.  Body v2 ("columnar+zstd", ``encode_batch(..., version=FORMAT_V2)``): 15
+separately zstd-compressed streams (timestamp table, series groups, label sets as dictionary columns,
+values as decimal-scaled or raw integer deltas, XOR words), built for batches that hold many scrapes
+of the same series; the transforms are in ``schemas/columnar.py``.  Decoding dispatches on the
+version byte (``_VERSIONS``), so both stay decodable.
 
 The decoder treats its input as hostile: every size is capped before it is allocated, every field
 is type-checked, and any bad input raises :class:`DecodeError` (never another exception type;
@@ -21,20 +25,26 @@ import re
 import sys
 import threading
 from array import array
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate, chain, repeat
+from operator import attrgetter, itemgetter
 from typing import Any, Final, Literal, NamedTuple, NoReturn
 
 import msgpack
 import zstandard
 
+from schemas import columnar
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 from schemas.topics import validate_name
 
 MAGIC: Final = b"ERB"
 FORMAT_V1: Final = 1
+FORMAT_V2: Final = 2
 CURRENT_FORMAT_VERSION: Final = FORMAT_V1
 CODEC_V1: Final = "msgpack+zstd"
+CODEC_V2: Final = "columnar+zstd"
 ACK_VERSION: Final = 1
 STATUS_VERSION: Final = 1
 DEFAULT_ZSTD_LEVEL: Final = 3
@@ -179,23 +189,26 @@ _METRIC_NAME_RE: Final = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 class _LabelChecker:
     """Validates label sets given as parallel name/value tuples.
 
-    The checks run as C-level set/sort/max calls per label set rather than a Python loop per label,
-    and names and metric names already seen are remembered: they repeat across series.
+    The checks run as C-level set/sort/max calls per label set rather than a Python loop per label.
+    Tuples of label names already checked are remembered (most series share theirs with their
+    metric family), and so are metric names.
     """
 
-    __slots__ = ("_good_metrics", "_good_names", "_limits")
+    __slots__ = ("_good_metrics", "_good_names", "_limits", "_schemas")
 
     def __init__(self, limits: Limits) -> None:
         self._limits = limits
         self._good_names: set[str] = set()
         self._good_metrics: set[str] = set()
+        # names tuple -> position of __name__ in it (-1: none); only tuples that passed the checks.
+        self._schemas: dict[tuple[Any, ...], int] = {}
 
-    def check(self, names: tuple[Any, ...], values: tuple[Any, ...]) -> None:
+    def _check_names(self, names: tuple[Any, ...]) -> int:
         limits = self._limits
         n = len(names)
         if n > limits.max_labels_per_series:
             _fail("too_many_labels", f"{n} labels in one series")
-        if not {*map(type, names), *map(type, values)} <= _STR_TYPE:
+        if not set(map(type, names)) <= _STR_TYPE:
             _fail("malformed", "label names and values must be strings")
         name_set = set(names)
         for name in name_set - self._good_names:
@@ -208,17 +221,28 @@ class _LabelChecker:
             _fail("duplicate_label_name", "a label name appears twice in one series")
         if list(names) != sorted(names):
             _fail("unsorted_labels", f"label names not sorted: {list(names)[:8]!r}")
+        return names.index("__name__") if "__name__" in name_set else -1
+
+    def check(self, names: tuple[Any, ...], values: tuple[Any, ...]) -> None:
+        try:
+            metric_at = self._schemas.get(names)
+        except TypeError:  # unhashable, so not all strings: _check_names says so
+            metric_at = None
+        if metric_at is None:
+            metric_at = self._schemas[names] = self._check_names(names)
+        if not set(map(type, values)) <= _STR_TYPE:
+            _fail("malformed", "label names and values must be strings")
         if "" in values:
             _fail("empty_label_value", f"label {names[values.index('')]!r} has an empty value")
-        max_value = limits.max_label_value_bytes
+        max_value = self._limits.max_label_value_bytes
         # Only encode long values: len(str) <= max/4 guarantees <= max UTF-8 bytes.
-        if n and max(map(len, values)) * 4 > max_value:
+        if values and max(map(len, values)) * 4 > max_value:
             for name, value in zip(names, values, strict=True):
                 if len(value) * 4 > max_value and len(value.encode("utf-8", "surrogatepass")) > max_value:
                     _fail("label_too_long", f"value of label {name!r} is longer than {max_value} bytes")
-        if "__name__" not in name_set:
+        if metric_at < 0:
             _fail("missing_metric_name", "a series has no __name__ label")
-        metric = values[names.index("__name__")]
+        metric = values[metric_at]
         if metric not in self._good_metrics:
             if not _METRIC_NAME_RE.fullmatch(metric):
                 _fail("invalid_metric_name", f"invalid metric name {metric[:64]!r}")
@@ -384,41 +408,234 @@ def _encode_body_v1(batch: Batch) -> bytes:
 
 
 def encode_batch(
-    batch: Batch, level: int = DEFAULT_ZSTD_LEVEL, *, limits: Limits = DEFAULT_LIMITS, validate: bool = True
+    batch: Batch,
+    level: int = DEFAULT_ZSTD_LEVEL,
+    *,
+    limits: Limits = DEFAULT_LIMITS,
+    validate: bool = True,
+    version: int = FORMAT_V1,
 ) -> bytes:
-    """Encode a batch as a v1 envelope.
+    """Encode a batch as an envelope of format ``version`` (FORMAT_V1 or FORMAT_V2).
 
     With ``validate`` (the default) the batch is first checked against every decoder rule, so an
     invalid batch fails here, at the edge, rather than being refused by the cloud after spooling.
-    Raises EncodeError (a ValueError).
+    Raises EncodeError (a ValueError).  A v2 batch decodes to the same set of samples as v1 but not
+    to the same blocks: one block per distinct timestamp, series in the v2 table order.
     """
+    if version not in (FORMAT_V1, FORMAT_V2):
+        raise EncodeError("unknown_version", f"format version {version!r}")
     if validate:
         validate_batch(batch, limits)
     try:
-        raw = _encode_body_v1(batch)
-    except (TypeError, ValueError, OverflowError) as exc:
+        if version == FORMAT_V1:
+            raw = _encode_body_v1(batch)
+            if len(raw) > limits.max_decompressed_bytes:
+                _fail("decompression_limit", f"body of {len(raw)} bytes; split the batch")
+            body = _compressor(level).compress(raw)
+            n, t0, t1, codec = batch.sample_count, batch.first_timestamp_ms, batch.last_timestamp_ms, CODEC_V1
+        else:
+            body, n, t0, t1 = _encode_body_v2(batch, level, limits)
+            codec = CODEC_V2
+    except _Invalid as exc:
+        raise EncodeError(exc.reason, exc.message) from None
+    except (TypeError, ValueError, OverflowError, IndexError, KeyError, AttributeError) as exc:
         raise EncodeError("malformed", f"cannot encode batch: {exc}") from None
-    if len(raw) > limits.max_decompressed_bytes:
-        raise EncodeError("decompression_limit", f"body of {len(raw)} bytes; split the batch")
-    body = _compressor(level).compress(raw)
     header = {
         "cluster": batch.cluster,
         "node": batch.node,
         "seq": batch.seq,
-        "t0": batch.first_timestamp_ms,
-        "t1": batch.last_timestamp_ms,
-        "n": batch.sample_count,
-        "codec": CODEC_V1,
+        "t0": t0,
+        "t1": t1,
+        "n": n,
+        "codec": codec,
         "body": body,
     }
     try:
         packed = msgpack.packb(header, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
         raise EncodeError("malformed", f"cannot encode header: {exc}") from None
-    out = MAGIC + bytes((FORMAT_V1,)) + packed
+    out = MAGIC + bytes((version,)) + packed
     if len(out) > limits.max_payload_bytes:
         raise EncodeError("oversized", f"encoded batch of {len(out)} bytes > {limits.max_payload_bytes}")
     return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Body v2: columnar streams (schemas/columnar.py has the transforms, wire-format.md the layout)
+
+# The streams of a v2 body, in wire order.
+V2_STREAMS: Final = (
+    "TIMES",
+    "GROUPS",
+    "LMETA",
+    "LSTRLEN",
+    "LSTR",
+    "LSCHEMA",
+    "LIDS",
+    "VKIND",
+    "VFIRST",
+    "VDELTA1",
+    "VDELTA2",
+    "VDELTA4",
+    "VDELTA8",
+    "VSTALE",
+    "VXOR",
+)
+_VALUE_STREAMS: Final = slice(V2_STREAMS.index("VKIND"), len(V2_STREAMS))
+
+
+def _series_samples(batch: Batch) -> tuple[list[list[int]], list[list[float]], set[int]]:
+    """Per series its timestamps (ascending, distinct) and values; plus timestamps of empty blocks.
+
+    Two samples of one series at one timestamp (from two blocks) become one when their bit patterns
+    are equal; different ones are refused (duplicate_sample): v2 has one value per series and time.
+    """
+    n = len(batch.labelsets)
+    times: list[list[int]] = [[] for _ in range(n)]
+    values: list[list[float]] = [[] for _ in range(n)]
+    empty = {b.timestamp_ms for b in batch.scrapes if not len(b.values)}
+    blocks = [b for b in batch.scrapes if len(b.values)]
+    explicit = any(b.timestamps is not None for b in blocks)
+    if not explicit:
+        blocks.sort(key=attrgetter("timestamp_ms"))
+        by_time: dict[int, list[ScrapeBlock]] = {}
+        for b in blocks:
+            by_time.setdefault(b.timestamp_ms, []).append(b)
+        # Blocks are time-ordered, so each series' lists come out sorted; only blocks sharing a
+        # timestamp can put one series twice at one time.
+        clash = any(
+            len(same) > 1
+            and len(set(chain.from_iterable(b.series for b in same))) < sum(len(b.series) for b in same)
+            for same in by_time.values()
+        )
+        if not clash:
+            for b in blocks:
+                series = b.series
+                # C-level appends: one call per block instead of a Python loop per sample.
+                deque(map(list.append, map(values.__getitem__, series), b.values), maxlen=0)
+                deque(map(list.append, map(times.__getitem__, series), repeat(b.timestamp_ms)), maxlen=0)
+            return times, values, empty
+    pairs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    for b in blocks:
+        stamps = repeat(b.timestamp_ms) if b.timestamps is None else b.timestamps
+        # Not strict: repeat() is endless; explicit columns were checked to match by validation.
+        found = zip(stamps, b.values, strict=False)
+        deque(map(list.append, map(pairs.__getitem__, b.series), found), maxlen=0)
+    for s, found in enumerate(pairs):
+        if not found:
+            continue
+        found.sort(key=itemgetter(0))
+        stamps = [t for t, _ in found]
+        if len(set(stamps)) != len(stamps):
+            kept: list[tuple[int, float]] = []
+            for t, v in found:
+                if kept and kept[-1][0] == t:
+                    if float_bits(kept[-1][1]) != float_bits(v):
+                        _fail("duplicate_sample", f"series {s} has two values at {t}")
+                    continue
+                kept.append((t, v))
+            found = kept
+        times[s] = [t for t, _ in found]
+        values[s] = [v for _, v in found]
+    return times, values, empty
+
+
+def _encode_labels_v2(labelsets: Sequence[Labels]) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    """LMETA, LSTRLEN, LSTR, LSCHEMA, LIDS: label sets as columns of ids per (schema, label name)."""
+    schemas: dict[tuple[str, ...], int] = {}
+    rows: list[list[tuple[str, ...]]] = []
+    schema_col: list[int] = []
+    for labels in labelsets:
+        names, values = tuple(zip(*labels, strict=True)) or ((), ())
+        sid = schemas.get(names)
+        if sid is None:
+            sid = schemas[names] = len(schemas)
+            rows.append([])
+        schema_col.append(sid)
+        rows[sid].append(values)
+    name_ids = {name: i for i, name in enumerate(sorted({n for names in schemas for n in names}))}
+    dicts: dict[str, dict[str, int]] = {name: {} for name in name_ids}
+    columns: list[tuple[str, list[int]]] = []
+    for names, sid in schemas.items():
+        for name, column in zip(names, zip(*rows[sid], strict=True), strict=True):
+            ids = dicts[name]
+            for value in dict.fromkeys(column):  # new values get the next ids, in first-use order
+                if value not in ids:
+                    ids[value] = len(ids)
+            columns.append((name, list(map(ids.__getitem__, column))))
+    meta = bytearray()
+    columnar.put_uvarint(meta, len(name_ids))
+    columnar.put_uvarint(meta, len(schemas))
+    for names in schemas:
+        columnar.put_uvarint(meta, len(names))
+        for name in names:
+            columnar.put_uvarint(meta, name_ids[name])
+    for name in name_ids:
+        columnar.put_uvarint(meta, len(dicts[name]))
+    strings = [s.encode("utf-8") for s in chain(name_ids, *(dicts[name] for name in name_ids))]
+    lengths = columnar.uvarints(map(len, strings))
+    schema_bytes = columnar.pack_ints(schema_col, columnar.unsigned_width(len(schemas)), signed=False)
+    ids_bytes = b"".join(
+        columnar.pack_ints(ids, columnar.unsigned_width(len(dicts[name])), signed=False)
+        for name, ids in columns
+    )
+    return bytes(meta), bytes(lengths), b"".join(strings), schema_bytes, ids_bytes
+
+
+def _encode_body_v2(batch: Batch, level: int, limits: Limits) -> tuple[bytes, int, int, int]:
+    """(body, n, t0, t1) of a v2 envelope."""
+    times_of, values_of, empty = _series_samples(batch)
+    table = sorted(set(chain.from_iterable(times_of)) | empty)
+    if len(table) > limits.max_scrapes:
+        _fail("too_many_scrapes", f"{len(table)} distinct timestamps > {limits.max_scrapes}")
+    # Series with the same timestamps form a group: the group stores them once, and its series are
+    # contiguous so a decoder slices each block out of the group's series-major value matrix.
+    # Groups sort by their timestamps and series by labels, so the bytes do not depend on the order
+    # of the input's series or blocks.
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for s, key in enumerate(map(tuple, times_of)):
+        groups.setdefault(key, []).append(s)
+    labelsets = batch.labelsets
+    index = {t: i for i, t in enumerate(table)}
+    group_bytes = bytearray()
+    columnar.put_uvarint(group_bytes, len(groups))
+    order: list[int] = []
+    values = columnar.ValueEncoder()
+    n = 0
+    for key in sorted(groups):
+        members = sorted(groups[key], key=labelsets.__getitem__)
+        order += members
+        runs = columnar.runs_of([index[t] for t in key])
+        columnar.put_uvarint(group_bytes, len(members))
+        columnar.put_uvarint(group_bytes, len(runs))
+        for gap, length in runs:
+            columnar.put_uvarint(group_bytes, gap)
+            columnar.put_uvarint(group_bytes, length)
+        if key:
+            n += len(members) * len(key)
+            for s in members:
+                values.add(values_of[s])
+    streams = (
+        bytes(columnar.encode_times(table)),
+        bytes(group_bytes),
+        *_encode_labels_v2([labelsets[s] for s in order]),
+        *values.streams(),
+    )
+    size = sum(map(len, streams))
+    if size > limits.max_decompressed_bytes:
+        _fail("decompression_limit", f"body of {size} bytes; split the batch")
+    return _pack_streams(streams, level), n, (table[0] if table else 0), (table[-1] if table else 0)
+
+
+def _pack_streams(streams: Sequence[bytes], level: int) -> bytes:
+    """Each stream as uvarint(length) + one zstd frame (length 0: the stream is empty)."""
+    comp = _compressor(level)
+    out = bytearray()
+    for raw in streams:
+        frame = comp.compress(raw) if raw else b""
+        columnar.put_uvarint(out, len(frame))
+        out += frame
+    return bytes(out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -457,6 +674,17 @@ def _msgpack_error(exc: Exception, where: str) -> NoReturn:
 
 
 def _decode_envelope_v1(payload: memoryview, limits: Limits) -> tuple[Header, bytes]:
+    return _decode_envelope(payload, limits, FORMAT_V1, CODEC_V1)
+
+
+def _decode_envelope_v2(payload: memoryview, limits: Limits) -> tuple[Header, bytes]:
+    # v2 keeps the v1 header map; only the codec (and so the body) differs.
+    return _decode_envelope(payload, limits, FORMAT_V2, CODEC_V2)
+
+
+def _decode_envelope(
+    payload: memoryview, limits: Limits, version: int, expected_codec: str
+) -> tuple[Header, bytes]:
     unpacker = msgpack.Unpacker(
         None,
         max_buffer_size=max(len(payload), 1),
@@ -500,12 +728,12 @@ def _decode_envelope_v1(payload: memoryview, limits: Limits) -> tuple[Header, by
     codec = fields["codec"]
     if type(codec) is not str:
         _fail("malformed", "codec must be a string")
-    if codec != CODEC_V1:
-        _fail("unknown_codec", f"codec {codec[:64]!r} in a v1 envelope")
+    if codec != expected_codec:
+        _fail("unknown_codec", f"codec {codec[:64]!r} in a v{version} envelope")
     body = fields["body"]
     if type(body) is not bytes:
         _fail("malformed", f"body must be bytes, not {type(body).__name__}")
-    header = Header(FORMAT_V1, fields["cluster"], fields["node"], seq, t0, t1, n, codec)
+    header = Header(version, fields["cluster"], fields["node"], seq, t0, t1, n, codec)
     return header, body
 
 
@@ -684,11 +912,229 @@ def _read_scrapes(unpacker: msgpack.Unpacker, limits: Limits) -> list[_RawScrape
     return out
 
 
+def _v2_streams(body: bytes, limits: Limits) -> list[bytes]:
+    """Split a v2 body into its decompressed streams, all of them within max_decompressed_bytes."""
+    reader = columnar.Reader(body, "body")
+    budget = limits.max_decompressed_bytes
+    out: list[bytes] = []
+    for name in V2_STREAMS:
+        if not reader.remaining():
+            _fail("malformed", f"body ends before stream {name}")
+        size = reader.uvarint()
+        if size > reader.remaining():
+            _fail("malformed", f"stream {name}: {size} bytes announced, {reader.remaining()} left")
+        if not size:
+            out.append(b"")
+            continue
+        raw = bytes(_bounded_decompress(reader.take(size), budget))
+        budget -= len(raw)
+        out.append(raw)
+    if reader.remaining():
+        _fail("malformed", f"{reader.remaining()} bytes after the last stream")
+    return out
+
+
+_Group = tuple[int, list[int]]  # (series count, indices into the timestamp table)
+
+
+def _read_groups(buf: bytes, n_times: int, limits: Limits) -> tuple[list[_Group], int, int]:
+    """The GROUPS stream: (groups, series count, sample count), counts checked as they add up."""
+    reader = columnar.Reader(buf, "GROUPS")
+    count = reader.count(limits.max_series, "too_many_series", "groups")
+    groups: list[_Group] = []
+    series = samples = 0
+    for _ in range(count):
+        size = reader.uvarint()
+        if not size:
+            _fail("malformed", "GROUPS: a group without series")
+        series += size
+        if series > limits.max_series:
+            _fail("too_many_series", f"more than {limits.max_series} series")
+        # A run holds at least one index, so more runs than timestamps cannot be valid.
+        runs = reader.count(n_times, "bad_index", "runs")
+        indices: list[int] = []
+        end = 0
+        for r in range(runs):
+            gap = reader.uvarint()
+            length = reader.uvarint()
+            if not length or (r and not gap):
+                _fail("malformed", "GROUPS: empty run, or runs not separated")
+            start = end + gap
+            end = start + length
+            if end > n_times:
+                _fail("bad_index", f"GROUPS: timestamp index {end - 1} >= {n_times} timestamps")
+            # Checked per run, before the run's indices exist: a claim of 10^9 samples fails here.
+            samples += size * length
+            if samples > limits.max_samples:
+                _fail("too_many_samples", f"more than {limits.max_samples} samples")
+            indices.extend(range(start, end))
+        groups.append((size, indices))
+    reader.done()
+    return groups, series, samples
+
+
+_NameDict = list[tuple[str, str]]
+
+
+def _read_strings(lengths_buf: bytes, data: bytes, n_names: int, n_values: int, limits: Limits) -> list[str]:
+    reader = columnar.Reader(lengths_buf, "LSTRLEN")
+    lengths = reader.uvarints(n_names + n_values)
+    reader.done()
+    if n_names and max(lengths[:n_names]) > limits.max_label_name_bytes:
+        _fail("label_too_long", f"a label name longer than {limits.max_label_name_bytes} bytes")
+    if n_values and max(lengths[n_names:]) > limits.max_label_value_bytes:
+        _fail("label_too_long", f"a label value longer than {limits.max_label_value_bytes} bytes")
+    if sum(lengths) != len(data):
+        _fail("length_mismatch", f"LSTR: {len(data)} bytes for strings of {sum(lengths)} bytes")
+    ends = list(accumulate(lengths))
+    try:
+        if data.isascii():
+            text = data.decode("ascii")  # byte offsets are character offsets: one decode, then slices
+            return list(map(text.__getitem__, map(slice, [0, *ends[:-1]], ends)))
+        return [data[a:b].decode("utf-8") for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+    except UnicodeDecodeError as exc:
+        _fail("malformed", f"LSTR: invalid UTF-8 ({exc.reason})")
+
+
+def _read_labels_v2(streams: Sequence[bytes], n_series: int, limits: Limits) -> list[Labels]:
+    meta_buf, lengths_buf, data, schema_buf, ids_buf = streams
+    meta = columnar.Reader(meta_buf, "LMETA")
+    pair_cap = limits.max_label_pairs
+    n_names = meta.count(pair_cap, "too_many_label_pairs", "label names")
+    # Every schema is some series' label names: there are never more schemas than series.
+    n_schemas = meta.count(n_series, "malformed", "label name sets for fewer series")
+    schemas: list[list[int]] = []
+    listed = 0
+    for _ in range(n_schemas):
+        size = meta.count(limits.max_labels_per_series, "too_many_labels", "labels in one series")
+        listed += size
+        if listed > pair_cap:
+            _fail("too_many_label_pairs", f"more than {pair_cap} labels in the batch")
+        ids = meta.uvarints(size)
+        if ids and max(ids) >= n_names:
+            _fail("bad_index", f"LMETA: label name {max(ids)} >= {n_names} names")
+        schemas.append(ids)
+    dict_sizes = meta.uvarints(n_names)
+    meta.done()
+    n_values = sum(dict_sizes)
+    if n_names + n_values > pair_cap:
+        _fail("too_many_label_pairs", f"more than {pair_cap} distinct label names and values")
+    strings = _read_strings(lengths_buf, data, n_names, n_values, limits)
+    names = strings[:n_names]
+    _check_label_names(names)
+    pairs: list[_NameDict] = []
+    pos = n_names
+    for name, size in zip(names, dict_sizes, strict=True):
+        values = strings[pos : pos + size]
+        pos += size
+        if "" in values:
+            _fail("empty_label_value", f"label {name!r} has an empty value")
+        if name == "__name__":
+            for metric in values:
+                if not _METRIC_NAME_RE.fullmatch(metric):
+                    _fail("invalid_metric_name", f"invalid metric name {metric[:64]!r}")
+        pairs.append([(name, value) for value in values])
+    for ids in schemas:
+        _check_schema([names[i] for i in ids])
+    schema_col = columnar.unpack_ints(
+        schema_buf, columnar.unsigned_width(n_schemas), signed=False, name="LSCHEMA"
+    )
+    if len(schema_col) != n_series:
+        _fail("length_mismatch", f"LSCHEMA: {len(schema_col)} schema ids for {n_series} series")
+    if n_series and max(schema_col) >= n_schemas:
+        _fail("bad_index", f"LSCHEMA: schema {max(schema_col)} >= {n_schemas} schemas")
+    counts = Counter(schema_col)
+    if sum(counts[s] * len(ids) for s, ids in enumerate(schemas)) > pair_cap:
+        _fail("too_many_label_pairs", f"more than {pair_cap} labels in the batch")
+    reader = columnar.Reader(ids_buf, "LIDS")
+    per_schema = []
+    for s, ids in enumerate(schemas):
+        rows = counts.get(s, 0)
+        columns = []
+        for name_id in ids:
+            table = pairs[name_id]
+            width = columnar.unsigned_width(len(table))
+            col = columnar.unpack_ints(reader.take(rows * width), width, signed=False, name="LIDS")
+            if rows and max(col) >= len(table):
+                _fail("bad_index", f"LIDS: value {max(col)} >= {len(table)} values of {names[name_id]!r}")
+            columns.append(map(table.__getitem__, col))
+        per_schema.append(iter(list(zip(*columns, strict=True))))
+    reader.done()
+    # Put each schema's label sets back in series order: one C-level next() per series.  (Each
+    # iterator holds exactly as many sets as schema_col names it, so no next() runs dry.)
+    labelsets: list[Labels] = list(map(next, map(per_schema.__getitem__, schema_col)))
+    if len(set(labelsets)) != len(labelsets):
+        _fail("duplicate_series", "the same label set appears twice")
+    return labelsets
+
+
+def _check_label_names(names: list[str]) -> None:
+    for name in names:
+        if not _LABEL_NAME_RE.fullmatch(name):
+            _fail("invalid_label_name", f"invalid label name {name[:64]!r}")
+
+
+def _check_schema(names: list[str]) -> None:
+    """The label names of one series: the same rules as _LabelChecker, once per schema."""
+    if len(set(names)) != len(names):
+        _fail("duplicate_label_name", "a label name appears twice in one series")
+    if names != sorted(names):
+        _fail("unsorted_labels", f"label names not sorted: {names[:8]!r}")
+    if "__name__" not in names:
+        _fail("missing_metric_name", "a series has no __name__ label")
+
+
+def _decode_body_v2(header: Header, body: bytes, limits: Limits) -> Batch:
+    streams = _v2_streams(body, limits)
+    times = columnar.decode_times(streams[0], limits.max_scrapes, INT64_MAX)
+    bounds = (times[0], times[-1]) if times else (0, 0)
+    if bounds != (header.first_ts_ms, header.last_ts_ms):
+        _fail(
+            "header_mismatch",
+            f"header t0..t1={header.first_ts_ms}..{header.last_ts_ms}, body has {bounds[0]}..{bounds[1]}",
+        )
+    groups, n_series, n_samples = _read_groups(streams[1], len(times), limits)
+    if n_samples != header.sample_count:
+        _fail("header_mismatch", f"header n={header.sample_count}, body has {n_samples} samples")
+    labelsets = _read_labels_v2(streams[2:7], n_series, limits)
+    decoder = columnar.ValueDecoder(streams[_VALUE_STREAMS])
+    # Each group's values are a series-major matrix; block j of the group is every w-th value.
+    parts: list[list[tuple[array, array, int, int]]] = [[] for _ in times]
+    first = 0
+    add = decoder.series
+    for size, indices in groups:
+        width = len(indices)
+        if width:
+            matrix = array("d")
+            for _ in range(size):
+                add(width, matrix)
+            ids = array(_U32, range(first, first + size))
+            for j, t in enumerate(indices):
+                parts[t].append((ids, matrix, j, width))
+        first += size
+    decoder.done()
+    blocks = []
+    for t, found in zip(times, parts, strict=True):
+        if len(found) == 1:
+            ids, matrix, j, width = found[0]
+            blocks.append(ScrapeBlock(t, ids[:], matrix[j::width]))
+            continue
+        # Groups are in series order, so concatenating their parts keeps each block ascending.
+        series = array(_U32)
+        values = array("d")
+        for ids, matrix, j, width in found:
+            series += ids
+            values += matrix[j::width]
+        blocks.append(ScrapeBlock(t, series, values))
+    return Batch(header.cluster, header.node, header.seq, labelsets, blocks)
+
+
 _EnvelopeDecoder = Callable[[memoryview, Limits], tuple[Header, bytes]]
 _BodyDecoder = Callable[[Header, bytes, Limits], Batch]
-# Format version byte -> decoders.  A v2 is added here; v1 stays decodable.
+# Format version byte -> decoders; v1 stays decodable for as long as spools may hold v1 rows.
 _VERSIONS: Final[dict[int, tuple[_EnvelopeDecoder, _BodyDecoder]]] = {
     FORMAT_V1: (_decode_envelope_v1, _decode_body_v1),
+    FORMAT_V2: (_decode_envelope_v2, _decode_body_v2),
 }
 
 
@@ -714,7 +1160,7 @@ def _open_envelope(data: bytes, limits: Limits) -> tuple[Header, bytes, _BodyDec
 def _run(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
-    except _Invalid as exc:
+    except (_Invalid, columnar.ColumnError) as exc:
         raise DecodeError(exc.reason, exc.message) from None
     except MemoryError:
         raise

@@ -40,6 +40,9 @@ class BlackholeProxy:
         self.forwarding = threading.Event()
         self.forwarding.set()
         self.connections = 0
+        # Bytes forwarded client -> server and back: what the client's link carried (TCP payload).
+        self.bytes_up = 0
+        self.bytes_down = 0
         self._socks: set[socket.socket] = set()
         self._lock = threading.Lock()
         self._closing = False
@@ -73,10 +76,17 @@ class BlackholeProxy:
             with self._lock:
                 self.connections += 1
                 self._socks.update((downstream, upstream))
-            for src, dst in ((downstream, upstream), (upstream, downstream)):
-                threading.Thread(target=self._pump, args=(src, dst), name="proxy-pump", daemon=True).start()
+            for src, dst, up in ((downstream, upstream, True), (upstream, downstream, False)):
+                threading.Thread(
+                    target=self._pump, args=(src, dst, up), name="proxy-pump", daemon=True
+                ).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+    @property
+    def bytes_total(self) -> int:
+        with self._lock:
+            return self.bytes_up + self.bytes_down
+
+    def _pump(self, src: socket.socket, dst: socket.socket, up: bool) -> None:
         try:
             while True:
                 data = src.recv(65536)
@@ -84,6 +94,11 @@ class BlackholeProxy:
                     break
                 if self.forwarding.is_set():
                     dst.sendall(data)
+                    with self._lock:
+                        if up:
+                            self.bytes_up += len(data)
+                        else:
+                            self.bytes_down += len(data)
         except OSError:
             pass
         # While blackholed, only the side that went away is closed; the other end notices by itself.

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from cloud_ingest import settings as ingest_settings
+from edge_relay import budget as relay_budget
 from edge_relay import settings as relay_settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,7 +18,10 @@ INGEST_CONFIGS = [ROOT / "deploy/examples/cloud-ingest.yaml", ROOT / "deploy/doc
 
 @pytest.mark.parametrize("path", RELAY_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relay_configs_load(path: Path) -> None:
-    assert relay_settings.load(str(path)).targets
+    s = relay_settings.load(str(path))
+    assert s.targets
+    if s.budget_file:
+        assert relay_budget.load(s.budget_file).classes
 
 
 @pytest.mark.parametrize("path", INGEST_CONFIGS, ids=lambda p: str(p.relative_to(ROOT)))

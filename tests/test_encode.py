@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from edge_relay.encode import BatchEncoder, to_batch
+from edge_relay.encode import BatchEncoder, decode_stage, encode_stage, to_batch
 from edge_relay.shape import ShapedScrape
 from schemas import codec
 from schemas.model import STALE_NAN, Batch, Labels, float_bits
@@ -226,3 +226,80 @@ def test_invalid_scrape_is_refused_by_the_codec() -> None:
     with pytest.raises(codec.EncodeError) as info:
         BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES).build([s])
     assert info.value.reason == "duplicate_sample"
+
+
+# --------------------------------------------------------------------------------------------------
+# batch windows: the staging form and build_window
+
+
+def window_scrapes(ticks: int, n: int, *, churn: bool = False) -> list[ShapedScrape]:
+    """``ticks`` cycles of two targets; with ``churn`` some series vanish and others appear mid-window."""
+    out = []
+    for t in range(ticks):
+        first = t if churn else 0
+        out.append(scrape("kepler", n, 1_000 + 5_000 * t, seed=t, first=first))
+        out.append(scrape("dcgm", 3, 1_000 + 5_000 * t, seed=t, explicit=(t == 1)))
+    return out
+
+
+def test_stage_round_trip_is_bit_exact() -> None:
+    scrapes = window_scrapes(3, 20)
+    scrapes[0].values[0] = STALE_NAN
+    scrapes[0].values[1] = -0.0
+    scrapes[0].values[2] = math.inf
+    back = decode_stage(encode_stage(scrapes))
+    assert samples_of(back) == samples_of(scrapes)
+    assert [s.target for s in back] == [s.target for s in scrapes]
+    # label sets come back hashable and equal to the originals (they are dict keys downstream)
+    assert back[0].labels[0] == scrapes[0].labels[0] and isinstance(back[0].labels[0], tuple)
+
+
+def test_stage_skips_empty_scrapes_and_refuses_garbage() -> None:
+    assert decode_stage(encode_stage([ShapedScrape("kepler", 1)])) == []
+    with pytest.raises(ValueError, match="staged cycle"):
+        decode_stage(b"not zstd at all")
+
+
+@pytest.mark.parametrize("version", [codec.FORMAT_V1, codec.FORMAT_V2])
+def test_build_window_is_one_batch_with_each_label_set_once(version: int) -> None:
+    encoder = BatchEncoder(CLUSTER, NODE, max_bytes=1 << 20, version=version)
+    scrapes = window_scrapes(12, 30, churn=True)
+    batches = encoder.build_window(scrapes)
+    assert len(batches) == 1
+    assert len(batches[0].labelsets) == len({ls for s in scrapes for ls in s.labels})
+    decoded = codec.decode_batch(encoder.encode(batches[0], 7))
+    assert samples_of_batch(decoded) == samples_of(scrapes)
+
+
+def test_build_window_splits_by_series_not_by_scrape() -> None:
+    encoder = BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES, version=codec.FORMAT_V2)
+    scrapes = window_scrapes(12, 60)
+    batches = encoder.build_window(scrapes)
+    assert len(batches) > 1
+    seen: Counter[Sample] = Counter()
+    label_sets: list[Labels] = []
+    for payload in encode_all(encoder, batches):
+        assert len(payload) <= encoder.max_bytes
+        decoded = codec.decode_batch(payload)
+        seen += samples_of_batch(decoded)
+        label_sets += decoded.labelsets
+    assert seen == samples_of(scrapes)
+    # every series sits in exactly one part, with all of its timestamps
+    assert len(label_sets) == len(set(label_sets))
+    for batch in batches:
+        assert {blk.timestamp_ms for blk in batch.scrapes} >= {1_000 + 5_000 * t for t in range(12)} - {6_000}
+
+
+def test_build_window_falls_back_to_scrape_splits_for_one_huge_series() -> None:
+    encoder = BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES, version=codec.FORMAT_V2)
+    rng = random.Random(3)
+    scrapes = []
+    for t in range(1500):  # one series whose window alone (12 KB of random floats) exceeds the cap
+        s = ShapedScrape("kepler", 1_000 + 5_000 * t)
+        s.labels.append((("__name__", "x"), ("job", "kepler")))
+        s.values.append(rng.random())
+        scrapes.append(s)
+    batches = encoder.build_window(scrapes)
+    assert len(batches) > 1
+    assert sum(b.sample_count for b in batches) == 1500
+    assert all(len(encoder.encode(b, 1)) <= MAX_BYTES for b in batches)

@@ -21,6 +21,7 @@ import pytest
 
 from edge_relay.spool import (
     SCHEMA_VERSION,
+    Replacement,
     Spool,
     SpoolClosedError,
     SpoolError,
@@ -607,3 +608,89 @@ def test_kill_9_at_random_moments_leaves_a_consistent_spool(tmp_path: Path) -> N
             assert st.last_seq >= max(committed | set(present), default=0)
             high_water = st.last_seq
     assert len(committed) > 20  # the children did real work between kills
+
+
+# ------------------------------------------------------------------------------- the open batch window
+
+
+def test_staged_cycles_survive_reopen_and_promote_atomically(spool_path: Path) -> None:
+    with Spool(spool_path) as spool:
+        put(spool)  # seq 1
+        a = spool.stage(b"cycle-a", first_ts_ms=1000, last_ts_ms=1000, sample_count=10)
+        b = spool.stage(b"cycle-b", first_ts_ms=6000, last_ts_ms=6000, sample_count=12)
+        st = spool.stats()
+        assert (st.rows, st.staged_rows, st.staged_samples, st.staged_bytes) == (1, 2, 22, 14)
+    with Spool(spool_path) as spool:  # a restart inside the window keeps it
+        staged = spool.staged()
+        assert [(r.id, r.payload, r.sample_count) for r in staged] == [
+            (a, b"cycle-a", 10),
+            (b, b"cycle-b", 12),
+        ]
+        item = Replacement(enc(b"packed"), 1000, 6000, 22)
+        assert spool.promote([a, b], [item]) == [2]
+        assert spool.staged() == []
+        rows = spool.pending(10)
+        assert [(r.seq, r.payload, r.sample_count) for r in rows] == [
+            (1, enc()(1), 1),
+            (2, enc(b"packed")(2), 22),
+        ]
+        assert spool.stats().staged_rows == 0
+
+
+def test_promote_that_fails_keeps_the_staged_cycles(spool_path: Path) -> None:
+    with Spool(spool_path) as spool:
+        a = spool.stage(b"cycle", first_ts_ms=1000, last_ts_ms=1000, sample_count=3)
+
+        def boom(seq: int) -> bytes:
+            raise ValueError("encoder bug")
+
+        with pytest.raises(ValueError):
+            spool.promote([a], [Replacement(boom, 1000, 1000, 3)])
+        assert [r.id for r in spool.staged()] == [a]
+        assert spool.stats().rows == 0
+        assert spool.stats().last_seq == 0
+
+
+def test_corrupt_staged_cycle_is_dropped_into_the_ledger(spool_path: Path) -> None:
+    with Spool(spool_path) as spool:
+        a = spool.stage(b"good", first_ts_ms=1000, last_ts_ms=1000, sample_count=3)
+        bad = spool.stage(b"flipped", first_ts_ms=2000, last_ts_ms=2000, sample_count=5)
+    conn = raw_conn(spool_path)
+    conn.execute("UPDATE staging SET payload = ? WHERE id = ?", (b"flopped", bad))
+    conn.close()
+    with Spool(spool_path) as spool:
+        assert [r.id for r in spool.staged()] == [a]
+        assert spool.loss_totals() == {"corrupt_row": 5}
+        assert spool.stats().staged_rows == 1
+
+
+def test_stats_oldest_includes_staged_data(spool_path: Path) -> None:
+    with Spool(spool_path) as spool:
+        put(spool, ts=5000)
+        spool.stage(b"x", first_ts_ms=3000, last_ts_ms=3000, sample_count=1)
+        assert spool.stats().oldest_first_ts_ms == 3000
+
+
+def test_meta_values_persist(spool_path: Path) -> None:
+    with Spool(spool_path) as spool:
+        assert spool.get_meta("budget_used_bytes", 7) == 7
+        spool.set_meta({"budget_used_bytes": 123, "budget_day": 739000})
+        spool.set_meta({"budget_used_bytes": 456})
+    with Spool(spool_path) as spool:
+        assert spool.get_meta("budget_used_bytes", 0) == 456
+        assert spool.get_meta("budget_day", 0) == 739000
+        # the seq allocator's own meta key cannot be reached through these
+        spool.set_meta({"last_seq": 10**9})
+        assert put(spool) == 1
+
+
+def test_schema_v2_file_migrates_to_staging(spool_path: Path) -> None:
+    with Spool(spool_path) as spool:
+        put(spool)
+    conn = raw_conn(spool_path)
+    conn.execute("DROP TABLE staging")
+    conn.execute("PRAGMA user_version = 2")
+    conn.close()
+    with Spool(spool_path) as spool:
+        assert spool.stage(b"x", first_ts_ms=1, last_ts_ms=1, sample_count=1) >= 1
+        assert spool.stats().rows == 1

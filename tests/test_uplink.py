@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import random
 import socket
 import sqlite3
 import subprocess
@@ -34,7 +35,7 @@ from services import LOOPBACK, Mosquitto, ServiceFactory, wait_until
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
 from edge_relay.spool import Spool
-from edge_relay.uplink import Uplink
+from edge_relay.uplink import TokenBucket, Uplink, WireMeter, tcp_bytes
 from schemas import codec, topics
 from schemas.codec import AckResult, AckResultKind
 from schemas.model import Batch, ScrapeBlock
@@ -974,3 +975,109 @@ def test_strict_order_sends_one_batch_at_a_time_oldest_first(
     wait_until(lambda: not spool_seqs(spool), timeout=15, message="spool drained")
     assert cloud.seqs() == backlog + fresh
     assert cloud.max_outstanding == 1
+
+
+# -- bandwidth budget: pacing and the wire meter ------------------------------------------------------
+
+
+def test_token_bucket_paces_and_charges_real_bytes() -> None:
+    now = [0.0]
+    bucket = TokenBucket(clock=lambda: now[0])
+    assert bucket.allows(10**9)  # unlimited until configured
+    bucket.configure(1000.0, 4000.0)
+    assert bucket.allows(4000)
+    bucket.charge(4000)
+    assert not bucket.allows(1)
+    now[0] += 1.0
+    assert bucket.allows(1000) and not bucket.allows(1001)
+    bucket.charge(-500)  # an over-estimate given back
+    assert bucket.allows(1500)
+    now[0] += 100.0  # never more than the depth
+    assert bucket.tokens <= 4000 and bucket.allows(4000)
+    bucket.charge(4000)
+    now[0] += 4.0
+    assert bucket.allows(10**6)  # a batch larger than the depth goes once the bucket is full
+    bucket.configure(0.0, 0.0)  # a used-up quota lets nothing through
+    now[0] += 100.0
+    assert not bucket.allows(1)
+
+
+def test_wire_meter_reads_the_kernel_counters() -> None:
+    server = socket.create_server((LOOPBACK, 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    try:
+        meter = WireMeter()
+        meter.new_connection()
+        client.sendall(b"x" * 5000)
+        got = 0
+        while got < 5000:
+            got += len(peer.recv(65536))
+        peer.sendall(b"y" * 300)
+        assert client.recv(1000)
+        wait_until(lambda: tcp_bytes(client) == (5000, 300), timeout=5, message="kernel counters")
+        assert meter.sample(client) == (5000, 300)
+        client.sendall(b"z" * 10)
+        wait_until(lambda: (tcp_bytes(client) or (0, 0))[0] == 5010, timeout=5, message="10 more bytes")
+        assert meter.sample(client) == (10, 0)
+        assert meter.total == 5310
+    finally:
+        for s in (client, peer, server):
+            s.close()
+
+
+def big_payload(seq: int, ts_ms: int, series: int = 400) -> bytes:
+    """A batch of ``series`` random values: about 8 bytes a series after compression."""
+    rng = random.Random(seq)
+    labels = [
+        (("__name__", "kepler_container_joules_total"), ("container_id", f"{i:064x}")) for i in range(series)
+    ]
+    block = ScrapeBlock(ts_ms, array("I", range(series)), array("d", (rng.random() for _ in range(series))))
+    return codec.encode_batch(Batch(CLUSTER, NODE, seq, labels, [block]))
+
+
+def test_budget_paces_the_connection_and_counts_every_byte(
+    mosquitto: Mosquitto,
+    spool: Spool,
+    make_cloud: Callable[..., FakeCloud],
+    make_uplink: Callable[..., Uplink],
+) -> None:
+    """Over the whole run the broker connection carries at most burst + rate x elapsed (+5%), counted by
+    an independent proxy, and the relay's own wire count agrees with the proxy's."""
+    cloud = make_cloud(mosquitto, ack_all)
+    ts = int(time.time() * 1000)
+    for _ in range(30):
+        spool.append(lambda seq: big_payload(seq, ts), first_ts_ms=ts, last_ts_ms=ts, sample_count=400)
+    total_payload = sum(len(r.payload) for r in spool.pending(100))
+    rate, burst = 8000.0, 12000.0
+    proxy = BlackholeProxy(mosquitto.port)
+    try:
+        uplink = make_uplink(mqtt_cfg(proxy.port, status_interval_seconds=2.0), spool, start=False)
+        uplink.set_budget(rate, burst)
+        started = time.monotonic()
+        uplink.start()
+        uplink.kick()
+        worst = 0.0
+        deadline = started + 60
+        while spool.stats().rows and time.monotonic() < deadline:
+            elapsed = time.monotonic() - started
+            worst = max(worst, proxy.bytes_total - (burst + rate * elapsed))
+            time.sleep(0.05)
+        elapsed = time.monotonic() - started
+        assert spool.stats().rows == 0, "every batch delivered and acked"
+        assert len(cloud.distinct()) == 30
+        # Paced: it took about (bytes - burst) / rate, not the fraction of a second loopback needs.
+        assert elapsed >= (total_payload - burst) / rate * 0.9
+        # Within budget at every moment, allowing one batch of overshoot and 5%.
+        one_batch = max(len(big_payload(1, ts)), 1)
+        assert worst <= one_batch + 0.05 * (burst + rate * elapsed), (worst, one_batch)
+        # The relay's own count is the kernel's count of the same connection: the proxy saw the same.
+        wait_until(
+            lambda: abs(uplink.wire.total - proxy.bytes_total) <= 0.02 * proxy.bytes_total,
+            timeout=5,
+            message=f"relay wire count {uplink.wire.total} vs proxy {proxy.bytes_total}",
+        )
+        assert metric(uplink.metrics, "edge_relay_wire_bytes_total", direction="sent") >= total_payload
+        assert uplink.paced_seconds > 0
+    finally:
+        proxy.close()

@@ -6,8 +6,9 @@ the result.  Everything is fixed (content, zstd level 3, no dictionary), so with
 library the output is byte-identical; see ``schemas/wire-format.md`` ("Golden vectors").
 
 Each vector is a pair: ``<name>.bin`` (exact wire bytes) and ``<name>.json`` (what a decoder must
-make of it, or the DecodeError reason it must raise).  The helpers that craft raw and hostile
-envelopes are imported by ``tests/test_codec.py`` too.
+make of it, or the DecodeError reason it must raise); ``v2_*`` vectors are format version 2.  The
+helpers that craft raw and hostile envelopes are imported by ``tests/test_codec.py`` and
+``tests/test_codec_v2.py`` too.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import struct
 import sys
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +28,7 @@ if str(HERE.parent.parent) not in sys.path:
 import msgpack  # noqa: E402
 import zstandard  # noqa: E402
 
-from schemas import codec  # noqa: E402
+from schemas import codec, columnar  # noqa: E402
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock  # noqa: E402
 
 LEVEL = 3
@@ -103,6 +105,32 @@ def rle_zstd_frame(total: int, byte: int = 0, content_size: int | None = None) -
         out.append(byte)
         if last:
             return bytes(out)
+
+
+def v2_streams(batch: Batch, level: int = LEVEL) -> list[bytes]:
+    """The decompressed streams of ``batch``'s v2 encoding, in wire order (codec.V2_STREAMS)."""
+    data = codec.encode_batch(batch, level, version=codec.FORMAT_V2)
+    _header, body = codec._decode_envelope_v2(memoryview(data)[4:], codec.DEFAULT_LIMITS)
+    return codec._v2_streams(body, codec.DEFAULT_LIMITS)
+
+
+def with_streams(streams: Sequence[bytes], **changes: bytes) -> list[bytes]:
+    """A copy of ``streams`` with some replaced by name (``LIDS=b"..."``)."""
+    out = list(streams)
+    for name, raw in changes.items():
+        out[codec.V2_STREAMS.index(name)] = raw
+    return out
+
+
+def v2_envelope(streams: Sequence[bytes], *, level: int = LEVEL, **fields: Any) -> bytes:
+    """A v2 envelope around these (uncompressed) streams, no validation; header fields as given."""
+    body = codec._pack_streams(streams, level)
+    return raw_envelope(header_for(body, **{"codec": codec.CODEC_V2, **fields}), version=codec.FORMAT_V2)
+
+
+def uv(*values: int) -> bytes:
+    """Unsigned LEB128 varints."""
+    return bytes(columnar.uvarints(values))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -243,6 +271,52 @@ def batch_kepler() -> Batch:
     return Batch("prod-eu", "edge-gpu-01", 1001, ls, scrapes)
 
 
+def batch_window() -> Batch:
+    """What v2 is for: several scrapes of two targets in one batch, every kind of value column.
+
+    Target node is scraped at T0 + 5 s * k, target kepler 1.25 s later; one series goes stale, one
+    appears late, one block carries explicit timestamps, and one label set has no samples.
+    """
+    node = ("instance", "edge:9100"), ("job", "node")
+    kepler = ("instance", "edge:28282"), ("job", "kepler")
+    ls = [
+        (("__name__", "node_load1"), *node),  # decimal gauge, 2 places
+        (("__name__", "node_cpu_seconds_total"), ("cpu", "0"), *node),  # float counter: raw bits
+        (("__name__", "node_boot_time_seconds"), *node),  # integer constant: width 0
+        (("__name__", "node_random_walk"), *node),  # sign flips, full precision: XOR
+        (("__name__", "kepler_container_joules_total"), ("container_id", "a1"), *kepler),  # order 2
+        (("__name__", "kepler_container_joules_total"), ("container_id", "b2"), *kepler),  # goes stale
+        (("__name__", "kepler_container_joules_total"), ("container_id", "c3"), *kepler),  # appears
+        (("__name__", "kepler_event_total"), *kepler),  # explicit timestamps
+        (("__name__", "up"), ("instance", "edge:9400"), ("job", "dcgm")),  # no samples
+    ]
+    load = [0.52, 0.61, 0.58, 1.07]
+    cpu = [1234.5678901234567, 1239.5712345678901, 1244.5799999999999, 1249.5887654321]
+    walk = [-0.1234567891, 2.718281828459045, -3.141592653589793, 1e-300]
+    joules = [[1000.0, 1017.125, 1034.25, 1051.375], [73.5, 75.0, 76.5], [0.25, 17.5]]
+    scrapes = []
+    for k in range(4):
+        t = T0 + 5000 * k
+        scrapes.append(
+            ScrapeBlock(t, array("I", [0, 1, 2, 3]), array("d", [load[k], cpu[k], 1.7e9, walk[k]]))
+        )
+        series = [4, 5]
+        values = [joules[0][k], joules[1][k] if k < 3 else f64(STALE_NAN_BITS)]
+        if k >= 2:
+            series.append(6)
+            values.append(joules[2][k - 2])
+        scrapes.append(ScrapeBlock(t + 1250, array("I", series), array("d", values)))
+    scrapes.append(
+        ScrapeBlock(
+            T0 + 20_000,
+            array("I", [7]),
+            array("d", [42.0]),
+            timestamps=array("q", [T0 + 17_000]),
+        )
+    )
+    return Batch("lab", "edge-06", 99, ls, scrapes)
+
+
 BATCHES = {
     "batch_small": (batch_small, "three series, two scrapes"),
     "batch_special_values": (batch_special_values, "stale marker, NaN payloads, ±Inf, ±0, extremes"),
@@ -251,6 +325,10 @@ BATCHES = {
     "batch_empty": (batch_empty, "no series, no scrapes: t0 = t1 = n = 0"),
     "batch_kepler": (batch_kepler, "Kepler-like container series, three scrapes"),
 }
+
+# v2 vectors: the v1 batches plus the window, as "v2_<name>".  Their JSON is the decoded v2 batch:
+# label sets in v2 table order, one block per distinct timestamp.
+V2_BATCHES = {**BATCHES, "batch_window": (batch_window, "two targets, four scrapes, every value column")}
 
 
 def ack_vectors() -> dict[str, tuple[str, list[codec.AckResult], str]]:
@@ -315,6 +393,72 @@ def invalid_vectors() -> dict[str, tuple[bytes, str, str]]:
     }
 
 
+def invalid_v2_vectors() -> dict[str, tuple[bytes, str, str]]:
+    small = batch_small()
+    streams = v2_streams(small)
+    n, t0, t1 = small.sample_count, small.first_timestamp_ms, small.last_timestamp_ms
+    frame = bytearray(codec._pack_streams(streams[:1], LEVEL))
+    frame[-1] ^= 0xFF  # inside the TIMES frame's checksum
+    corrupt = raw_envelope(
+        header_for(
+            bytes(frame) + codec._pack_streams(streams[1:], LEVEL), codec=codec.CODEC_V2, n=n, t0=t0, t1=t1
+        ),
+        version=codec.FORMAT_V2,
+    )
+    bomb = rle_zstd_frame(33 << 20)
+
+    def env(changed: Sequence[bytes], **fields: Any) -> bytes:
+        return v2_envelope(changed, **{"n": n, "t0": t0, "t1": t1, **fields})
+
+    return {
+        "v2_invalid_v1_codec": (
+            env(streams, codec=codec.CODEC_V1),
+            "unknown_codec",
+            "a v2 envelope whose codec is v1's",
+        ),
+        "v2_invalid_header_mismatch": (env(streams, n=n + 1), "header_mismatch", "n one too many"),
+        "v2_invalid_bad_compression": (bytes(corrupt), "bad_compression", "zstd checksum mismatch"),
+        "v2_invalid_bad_index": (
+            env(with_streams(streams, LSCHEMA=bytes([0, 1, 9]))),
+            "bad_index",
+            "a series refers to label schema 9 of 3",
+        ),
+        "v2_invalid_length_mismatch": (
+            env(with_streams(streams, VFIRST=streams[codec.V2_STREAMS.index("VFIRST")][:-1])),
+            "length_mismatch",
+            "VFIRST one byte short",
+        ),
+        "v2_invalid_run_past_table": (
+            env(with_streams(streams, GROUPS=uv(1, 3, 1, 0, 10**9))),
+            "bad_index",
+            "a run of 10^9 timestamps in a table of two",
+        ),
+        "v2_invalid_too_many_samples": (
+            env(
+                with_streams(streams, TIMES=uv(21, T0, *[1] * 20), GROUPS=uv(1, 100_000, 1, 0, 21)),
+                t1=T0 + 20,
+            ),
+            "too_many_samples",
+            "100 000 series at 21 timestamps claimed in 11 bytes",
+        ),
+        "v2_invalid_too_many_series": (
+            env(with_streams(streams, GROUPS=uv(1, 10**9, 0))),
+            "too_many_series",
+            "a group claims 10^9 series",
+        ),
+        "v2_invalid_bad_timestamp": (
+            env(with_streams(streams, TIMES=uv(2, T0, 0)), t1=T0),
+            "bad_timestamp",
+            "two equal timestamps in the table",
+        ),
+        "v2_invalid_decompression_limit": (
+            raw_envelope(header_for(uv(len(bomb)) + bomb + uv(0) * 14, codec=codec.CODEC_V2), version=2),
+            "decompression_limit",
+            "a TIMES stream of 33 MiB of zeros",
+        ),
+    }
+
+
 def _dumps(view: dict[str, Any], indent: str = " ") -> str:
     """JSON with one line per field and one line per list item: diffable, still compact."""
 
@@ -357,6 +501,12 @@ def vectors() -> dict[str, tuple[bytes, dict[str, Any]]]:
         view = {"kind": "batch", "description": description, "encoder": encoder_info()}
         view.update(codec.batch_to_json(header, decoded))
         out[name] = (data, view)
+    for name, (make, description) in V2_BATCHES.items():
+        data = codec.encode_batch(make(), LEVEL, version=codec.FORMAT_V2)
+        header, decoded = codec.decode_batch_with_header(data)
+        view = {"kind": "batch", "description": description, "encoder": encoder_info()}
+        view.update(codec.batch_to_json(header, decoded))
+        out[f"v2_{name}"] = (data, view)
     for name, (node, results, description) in ack_vectors().items():
         data = codec.encode_ack(node, results)
         ack = codec.decode_ack(data)
@@ -368,7 +518,7 @@ def vectors() -> dict[str, tuple[bytes, dict[str, Any]]]:
             data,
             {"kind": "status", "description": description, "decoded": codec.decode_status(data)},
         )
-    for name, (data, reason, description) in invalid_vectors().items():
+    for name, (data, reason, description) in {**invalid_vectors(), **invalid_v2_vectors()}.items():
         try:
             codec.decode_batch(data)
         except codec.DecodeError as exc:

@@ -1,0 +1,439 @@
+"""The bandwidth-budget file: what the uplink may carry, and how each class of metrics may be shaped.
+
+Format and meaning of every key: ``schemas/bandwidth-budget.schema.json`` (and README, "Bandwidth
+budget file reference"). This module only loads and validates the file into the typed objects below;
+the shape stage applies the classes and ``edge_relay.controller`` enforces the uplink figures.
+
+Loading goes through ``relay_common.config`` (YAML, JSON Schema, defaults from the schema); the rules a
+schema cannot express are checked here, and every error names the file, the key path and what was
+expected, like the relay's own config.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta, tzinfo
+from datetime import time as dt_time
+from functools import cache
+from typing import Any, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from relay_common import config as config_loader
+from relay_common.config import ConfigError
+from schemas.model import Labels, metric_name
+
+SCHEMA = "bandwidth-budget.schema.json"
+DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")  # index = datetime.weekday()
+BURST_FACTOR = 16  # burst_bytes default: 16 x the sustained rate
+IMPLICIT_CLASS = "other"
+IMPLICIT_MAX_RESOLUTION_S = 300.0
+
+Aggregation = Literal["last", "avg", "min", "max"]
+
+# Names that are counters whatever their class says (Prometheus naming conventions); a counter is always
+# aggregated as its last value, keeping the sample before a reset so rate() stays right.
+COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
+
+
+def is_counter(name: str, extra_counters: frozenset[str] = frozenset()) -> bool:
+    return name.endswith(COUNTER_SUFFIXES) or name in extra_counters
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    """All of: ``__name__`` fully matches ``name`` (None: any), and each label fully matches its regex
+    (an absent label is the empty string, as in PromQL)."""
+
+    name: re.Pattern[str] | None = None
+    labels: tuple[tuple[str, re.Pattern[str]], ...] = ()
+
+    def matches(self, labels: Labels) -> bool:
+        if self.name is not None and not self.name.fullmatch(metric_name(labels)):
+            return False
+        if self.labels:
+            have = dict(labels)
+            for key, pattern in self.labels:
+                if not pattern.fullmatch(have.get(key, "")):
+                    return False
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class ClassPolicy:
+    """One priority class. Resolutions are seconds; 0 means "every scrape" (the scrape interval)."""
+
+    name: str
+    matchers: tuple[Matcher, ...] = ()  # empty: matches every series (only the last class may)
+    resolution_s: float = 0.0
+    aggregation: Aggregation = "last"  # for gauges; counters always keep their last value
+    significant_digits: int = 0  # 0: values as scraped (lossless)
+    decimals: int | None = None  # None: no rounding to decimals
+    heartbeat_s: float = 0.0  # > 0: suppress unchanged values, but send one at least this often
+    max_resolution_s: float = 0.0  # how far the controller may degrade it; <= resolution_s: never
+    counters: frozenset[str] = frozenset()  # extra metric names to treat as counters (no suffix)
+
+    def matches(self, labels: Labels) -> bool:
+        return not self.matchers or any(m.matches(labels) for m in self.matchers)
+
+    @property
+    def degradable(self) -> bool:
+        return self.max_resolution_s > self.resolution_s
+
+
+@dataclass(frozen=True, slots=True)
+class RateWindow:
+    """Another sustained rate between two times of day (local to the budget's timezone)."""
+
+    start_minute: int  # minutes after midnight, 0..1439
+    end_minute: int  # exclusive; a window may wrap midnight (22:00-06:00)
+    bytes_per_second: int
+    days: frozenset[int] = frozenset(range(7))  # datetime.weekday() of the window's start
+
+    def covers(self, when: datetime) -> bool:
+        minute = when.hour * 60 + when.minute
+        if self.start_minute <= self.end_minute:
+            return when.weekday() in self.days and self.start_minute <= minute < self.end_minute
+        if minute >= self.start_minute:
+            return when.weekday() in self.days
+        return (when.weekday() - 1) % 7 in self.days and minute < self.end_minute
+
+
+@dataclass(frozen=True, slots=True)
+class Uplink:
+    sustained_bytes_per_second: int
+    burst_bytes: int
+    daily_quota_bytes: int = 0  # 0: no quota
+    timezone: str = "UTC"
+    windows: tuple[RateWindow, ...] = ()
+    batch_window_seconds: float = 60.0  # seconds of scrapes one wire batch holds
+
+    def rate_at(self, when: datetime) -> int:
+        """Sustained bytes/s allowed at ``when`` (an aware datetime in the budget's timezone)."""
+        for window in self.windows:
+            if window.covers(when):
+                return window.bytes_per_second
+        return self.sustained_bytes_per_second
+
+    def zone(self) -> tzinfo:
+        return _zone(self.timezone)
+
+    def local_time(self, now: float) -> datetime:
+        """``now`` (Unix seconds) as an aware datetime in the budget's timezone."""
+        return datetime.fromtimestamp(now, self.zone())
+
+    def day_bounds(self, now: float) -> tuple[float, float]:
+        """Unix seconds of the local midnights around ``now``: the quota's day (23 or 25 h across DST)."""
+        zone = self.zone()
+        today = datetime.fromtimestamp(now, zone).date()
+        start = datetime.combine(today, dt_time(0), tzinfo=zone).timestamp()
+        end = datetime.combine(today + timedelta(days=1), dt_time(0), tzinfo=zone).timestamp()
+        return start, end
+
+    def allowed_bytes_per_second(self, now: float, used_today_bytes: int = 0) -> int:
+        """The rate of the window open at ``now``; with a daily quota, at most what is left of today's
+        quota spread evenly over the rest of the day (0 once it is used up)."""
+        rate = self.rate_at(self.local_time(now))
+        if not self.daily_quota_bytes:
+            return rate
+        left = max(0, self.daily_quota_bytes - used_today_bytes)
+        seconds_left = max(1.0, self.day_bounds(now)[1] - now)  # never divide by ~0 just before midnight
+        return min(rate, int(left / seconds_left))
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    source: str  # the file it came from (for messages)
+    uplink: Uplink
+    classes: tuple[ClassPolicy, ...]  # priority order, most important first; the last matches all
+    _cache: dict[Labels, int] = field(default_factory=dict, compare=False, repr=False)
+
+    def allowed_bytes_per_second(self, now: float, used_today_bytes: int = 0) -> int:
+        """Bytes/s the uplink may use at ``now`` (Unix seconds), given the bytes already used today
+        (the day of ``Uplink.day_bounds``); see ``Uplink.allowed_bytes_per_second``."""
+        return self.uplink.allowed_bytes_per_second(now, used_today_bytes)
+
+    def local_time(self, now: float) -> datetime:
+        return self.uplink.local_time(now)
+
+    def classify(self, labels: Labels) -> int:
+        """Index into ``classes`` of the first class that matches (cached per label set)."""
+        idx = self._cache.get(labels)
+        if idx is None:
+            idx = next((i for i, c in enumerate(self.classes) if c.matches(labels)), len(self.classes) - 1)
+            if len(self._cache) > 1_000_000:  # series churn must not grow this without bound
+                self._cache.clear()
+            self._cache[labels] = idx
+        return idx
+
+
+# --------------------------------------------------------------------------------------------------
+# Presets
+
+
+@dataclass(frozen=True, slots=True)
+class Preset:
+    """Built-in matchers for one exporter's series (names fully matched), and its unsuffixed counters."""
+
+    description: str
+    names: tuple[str, ...]
+    counters: frozenset[str] = frozenset()
+
+
+# Names taken from the exporters the simulator and tests/fixtures reproduce (Kepler 0.7.12 and 0.11,
+# dcgm-exporter's default counters, node_exporter); tests/test_budget.py keeps them in step.
+PRESETS: dict[str, Preset] = {
+    "kepler": Preset(
+        "every Kepler series: 0.7's kepler_{container,node,...}_*_joules_total and 0.10+'s "
+        "kepler_{node,container,pod,process,vm}_*_{watts,joules_total}, plus their info series",
+        ("kepler_.+",),
+        # Kepler 0.7 declares its info series a counter.
+        frozenset({"kepler_node_info"}),
+    ),
+    "dcgm": Preset(
+        "every dcgm-exporter series (DCGM_FI_*)",
+        ("DCGM_FI_.+",),
+        # dcgm-exporter's counters keep DCGM's field names: upper case, mostly without a _total suffix.
+        frozenset(
+            {
+                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+                "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+                "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+                "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+                "DCGM_FI_DEV_RETIRED_SBE",
+                "DCGM_FI_DEV_RETIRED_DBE",
+                "DCGM_FI_DEV_RETIRED_PENDING",
+                "DCGM_FI_DEV_POWER_VIOLATION",
+                "DCGM_FI_DEV_THERMAL_VIOLATION",
+                "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+                "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+                "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+                "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+                "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+                "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+                "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+            }
+        ),
+    ),
+    "dcgm-critical": Preset(
+        "the GPU series alerts need at full resolution: temperature, utilisation, memory used/free, "
+        "power usage and limit, XID errors",
+        # POWER_MGMT_LIMIT: deploy/prometheus/rules/gpu.rules.yml divides the power usage by it.
+        (
+            "DCGM_FI_DEV_(GPU_TEMP|MEMORY_TEMP|GPU_UTIL|MEM_COPY_UTIL|FB_USED|FB_FREE|POWER_USAGE"
+            "|POWER_MGMT_LIMIT|XID_ERRORS)",
+        ),
+    ),
+    "node": Preset("every node_exporter series (node_*)", ("node_.+",)),
+    "scrape-health": Preset(
+        "the series every scrape adds: up, scrape_duration_seconds, scrape_samples_scraped",
+        ("up|scrape_duration_seconds|scrape_samples_scraped",),
+    ),
+}
+
+# A name that is a counter in its exporter is one whichever class it lands in (a catch-all class too).
+PRESET_COUNTERS: frozenset[str] = frozenset().union(*(p.counters for p in PRESETS.values()))
+
+
+@cache
+def _preset_matchers(name: str) -> tuple[Matcher, ...]:
+    return tuple(Matcher(name=re.compile(pattern)) for pattern in PRESETS[name].names)
+
+
+# --------------------------------------------------------------------------------------------------
+# Loading
+
+
+@cache
+def _zone(name: str) -> tzinfo:
+    # UTC without the tz database: a slim image without tzdata still runs the default budget.
+    if name == "UTC":
+        return UTC
+    return ZoneInfo(name)
+
+
+def load(path: str | os.PathLike[str]) -> Budget:
+    """Read and validate a budget file; raises ConfigError naming file, key and expectation."""
+    return parse(config_loader.read(path), os.fspath(path))
+
+
+def parse(doc: dict[str, Any], source: str) -> Budget:
+    """Validate a budget document (as YAML loads it) and build the typed Budget."""
+    _check_unquoted_times(doc, source)
+    raw = config_loader.validate(doc, SCHEMA, source)
+    return Budget(
+        source=source, uplink=_uplink(raw["uplink"], source), classes=_classes(raw["classes"], source)
+    )
+
+
+def _error(source: str, key: str, message: str) -> ConfigError:
+    return ConfigError(f"{source}: invalid budget:\n  key `{key}`: {message}")
+
+
+def _check_unquoted_times(doc: Mapping[str, Any], source: str) -> None:
+    # YAML 1.1 reads an unquoted 22:00 as the base-60 integer 1320; the schema would only say "not a
+    # string", which hides the real mistake.
+    uplink = doc.get("uplink")
+    windows = uplink.get("windows") if isinstance(uplink, Mapping) else None
+    if not isinstance(windows, list):
+        return
+    for i, window in enumerate(windows):
+        if not isinstance(window, Mapping):
+            continue
+        for key in ("start", "end"):
+            value = window.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                raise _error(
+                    source,
+                    f"uplink.windows[{i}].{key}",
+                    f'expected a time "HH:MM" in quotes, got the number {value} '
+                    f"(YAML reads an unquoted {value // 60:02d}:{value % 60:02d} as a base-60 number)",
+                )
+
+
+def _minutes(text: str) -> int:
+    hours, minutes = text.split(":")
+    return int(hours) * 60 + int(minutes)
+
+
+def _uplink(raw: dict[str, Any], source: str) -> Uplink:
+    sustained = raw["sustained_bytes_per_second"]
+    if "burst_bytes" in raw:
+        config_loader.check_range(raw, "uplink", "sustained_bytes_per_second", "burst_bytes", source)
+    burst = raw.get("burst_bytes", BURST_FACTOR * sustained)
+    name = raw["timezone"]
+    try:
+        _zone(name)
+    except ZoneInfoNotFoundError:
+        why = "not in the time zone database"
+    except (ValueError, OSError) as e:
+        why = str(e)
+    else:
+        why = ""
+    if why:
+        raise _error(
+            source,
+            "uplink.timezone",
+            f"expected an IANA time zone name such as UTC or Europe/Berlin, got {name!r} ({why})",
+        )
+    windows = []
+    for i, w in enumerate(raw["windows"]):
+        start, end = _minutes(w["start"]), _minutes(w["end"])
+        if start == end % 1440:
+            raise _error(
+                source,
+                f"uplink.windows[{i}].end",
+                f"expected a time other than start ({w['start']}): a window of no or 24 hours is "
+                "better said by sustained_bytes_per_second and `days`",
+            )
+        windows.append(
+            RateWindow(
+                start_minute=start,
+                end_minute=end,
+                bytes_per_second=w["sustained_bytes_per_second"],
+                days=frozenset(DAYS.index(d) for d in w["days"]),
+            )
+        )
+    return Uplink(
+        sustained_bytes_per_second=sustained,
+        burst_bytes=burst,
+        daily_quota_bytes=raw["daily_quota_bytes"],
+        timezone=name,
+        windows=tuple(windows),
+        batch_window_seconds=float(raw["batch_window_seconds"]),
+    )
+
+
+def _compile(source: str, key: str, pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise _error(
+            source,
+            key,
+            f"expected a regular expression (Python re, matched against the whole value), "
+            f"got {pattern!r}: {e}",
+        ) from None
+
+
+def _matchers(raw: dict[str, Any], key: str, source: str) -> tuple[Matcher, ...]:
+    matchers: list[Matcher] = []
+    if "preset" in raw:
+        matchers.extend(_preset_matchers(raw["preset"]))
+    for j, m in enumerate(raw.get("match", ())):
+        where = f"{key}.match[{j}]"
+        name = _compile(source, f"{where}.name", m["name"]) if "name" in m else None
+        labels = tuple(
+            (label, _compile(source, f"{where}.labels.{label}", pattern))
+            for label, pattern in sorted(m.get("labels", {}).items())
+        )
+        matchers.append(Matcher(name=name, labels=labels))
+    return tuple(matchers)
+
+
+def _classes(raw: list[dict[str, Any]], source: str) -> tuple[ClassPolicy, ...]:
+    classes: list[ClassPolicy] = []
+    seen: dict[str, int] = {}
+    for i, c in enumerate(raw):
+        key = f"classes[{i}]"
+        name = c["name"]
+        if name in seen:
+            raise _error(
+                source,
+                f"{key}.name",
+                f"expected a unique class name, got {name!r} (also classes[{seen[name]}].name)",
+            )
+        seen[name] = i
+        matchers = _matchers(c, key, source)
+        if not matchers and i != len(raw) - 1:
+            raise _error(
+                source,
+                key,
+                f"class {name!r} has neither `match` nor `preset`, so it matches every series: expected "
+                f"it last (the {len(raw) - 1 - i} class(es) after it would never match anything)",
+            )
+        resolution = float(c["resolution_seconds"])
+        max_resolution = float(c.get("degrade", {}).get("max_resolution_seconds", 0))
+        if max_resolution and max_resolution < resolution:
+            raise _error(
+                source,
+                f"{key}.degrade.max_resolution_seconds",
+                f"expected 0 (never degrade) or a value >= {key}.resolution_seconds ({resolution:g}), "
+                f"got {max_resolution:g}",
+            )
+        precision = c.get("precision", {})
+        classes.append(
+            ClassPolicy(
+                name=name,
+                matchers=matchers,
+                resolution_s=resolution,
+                aggregation=c["aggregation"],
+                significant_digits=precision.get("significant_digits", 0),
+                decimals=precision.get("decimals"),
+                heartbeat_s=float(c.get("suppress_unchanged", {}).get("heartbeat_seconds", 0)),
+                max_resolution_s=max_resolution,
+                counters=PRESET_COUNTERS | frozenset(c.get("counters", ())),
+            )
+        )
+    if not classes or classes[-1].matchers:
+        if IMPLICIT_CLASS in seen:
+            raise _error(
+                source,
+                f"classes[{seen[IMPLICIT_CLASS]}].name",
+                f"expected another name: {IMPLICIT_CLASS!r} is the implicit last class that takes every "
+                "series no class matches (or make this class the last one, without match and preset)",
+            )
+        classes.append(
+            ClassPolicy(
+                name=IMPLICIT_CLASS, max_resolution_s=IMPLICIT_MAX_RESOLUTION_S, counters=PRESET_COUNTERS
+            )
+        )
+    return tuple(classes)

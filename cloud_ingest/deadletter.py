@@ -1,4 +1,11 @@
-"""Batches that can never be written, kept with the reason so an operator can inspect and replay them."""
+"""Batches that can never be written, kept with the reason so an operator can inspect and replay them.
+
+Batches the receiver rejected are valid data and are all kept (they can be replayed once the cause is
+fixed). Payloads the ingester itself refused (undecodable or invalid: they would be refused again)
+are kept only for the first ``REFUSED_KEPT_PER_NODE_REASON`` of each node and reason, enough to
+diagnose; the rest are counted (``cloud_ingest_dead_letters_total``) but not stored, so a node that
+floods garbage cannot fill the store's volume.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+REFUSED_KEPT_PER_NODE_REASON = 20
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -42,6 +51,23 @@ class DeadLetterStore:
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
+        self._refused_kept: dict[tuple[str | None, str], int] = {}
+
+    def keep_refused(self, node: str | None, reason: str) -> bool:
+        """Whether a refused payload of this node and reason (a slug) should still be stored."""
+        key = (node, reason)
+        with self._lock:
+            kept = self._refused_kept.get(key)
+            if kept is None:
+                (kept,) = self._db.execute(
+                    "SELECT count(*) FROM dead_letters WHERE node IS ? AND (reason = ? OR reason LIKE ?)",
+                    (node, reason, f"{reason}:%"),
+                ).fetchone()
+            if kept >= REFUSED_KEPT_PER_NODE_REASON:
+                self._refused_kept[key] = kept
+                return False
+            self._refused_kept[key] = kept + 1
+            return True
 
     def put(
         self,

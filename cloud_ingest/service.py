@@ -92,6 +92,7 @@ class Ingester:
             for i, q in enumerate(self.queues)
         ]
         self._logged: set[tuple[str | None, str]] = set()
+        self._logged_lock = threading.Lock()
         self._logged_acks: set[str] = set()
 
     def start(self) -> None:
@@ -192,9 +193,11 @@ class Ingester:
                 self.metrics.queue_depth.dec()
 
     def _log_once(self, node: str | None, reason: str, text: str) -> None:
-        if (node, reason) not in self._logged:
+        with self._logged_lock:  # workers of different nodes may refuse at the same moment
+            if (node, reason) in self._logged:
+                return
             self._logged.add((node, reason))
-            log.error("%s (further %s refusals from this node are only counted)", text, reason)
+        log.error("%s (further %s refusals from this node are only counted)", text, reason)
 
     def handle(self, message: mqtt.MQTTMessage) -> str:
         """Process one batch message to its final outcome; returns the outcome name."""
@@ -212,9 +215,10 @@ class Ingester:
             self.metrics.refused.labels(r.reason).inc()
             self.metrics.dead_letters.labels(r.reason).inc()
             self._log_once(r.node, r.reason, f"refused batch on {message.topic}: {r}")
-            self.dead_letters.put(
-                message.topic, payload, f"{r.reason}: {r}", cluster=r.cluster, node=r.node, seq=r.seq
-            )
+            if self.dead_letters.keep_refused(r.node, r.reason):
+                # The reason starts with its slug once (a DecodeError's text already does).
+                text = str(r) if str(r).startswith(f"{r.reason}:") else f"{r.reason}: {r}"
+                self.dead_letters.put(message.topic, payload, text, cluster=r.cluster, node=r.node, seq=r.seq)
             if r.cluster is not None and r.node is not None:
                 self.fleet.observe_dead_letter(r.cluster, r.node, seq=r.seq, refused=True)
             if r.seq is not None and r.node is not None and r.cluster is not None:

@@ -42,6 +42,7 @@ RESTORE_BELOW = 0.6
 RESTORE_TARGET = 0.8
 # Per MQTT message: topic, framing and PUBACK, our ack message back; used until overhead is measured.
 DEFAULT_OVERHEAD = 1.05
+QUOTA_SAVE_EVERY_S = 60.0
 
 
 class Controller:
@@ -70,6 +71,7 @@ class Controller:
         stored_day = spool.get_meta("budget_day", -1)
         self.used_today = spool.get_meta("budget_used_bytes", 0) if stored_day == self._day else 0
         self._last_wire = wire_total()
+        self._saved_at = -QUOTA_SAVE_EVERY_S
         self._produced: deque[tuple[float, int]] = deque([(now, 0)])
         self._produced_total = 0
         self._payload_wire: deque[tuple[float, int, int]] = deque([(now, self._last_wire, 0)])
@@ -125,7 +127,11 @@ class Controller:
             self._day, self.used_today = day, 0
         self.used_today += max(0, wire - self._last_wire)
         self._last_wire = wire
-        self.spool.set_meta({"budget_day": self._day, "budget_used_bytes": self.used_today})
+        quota = self.budget.uplink.daily_quota_bytes
+        # A write (and fsync) per minute at most: a restart may forget under a minute of use.
+        if quota and (now - self._saved_at >= QUOTA_SAVE_EVERY_S or self.used_today >= quota):
+            self.spool.set_meta({"budget_day": self._day, "budget_used_bytes": self.used_today})
+            self._saved_at = now
 
         self.rate = self.allowed_rate(now)
         up = self.budget.uplink

@@ -87,6 +87,33 @@ def decode_stage(payload: bytes) -> list[ShapedScrape]:
     return out
 
 
+def dedupe_window(scrapes: Sequence[ShapedScrape]) -> tuple[list[ShapedScrape], int]:
+    """``scrapes`` without a second sample of a series at the same timestamp (the first one stays);
+    returns them and how many were dropped. Only explicit exporter timestamps can collide, so windows
+    without any pass through untouched."""
+    if all(s.timestamps is None for s in scrapes):
+        return list(scrapes), 0
+    seen: set[tuple[Labels, int]] = set()
+    out: list[ShapedScrape] = []
+    dropped = 0
+    for s in scrapes:
+        keep: list[int] = []
+        for i, labels in enumerate(s.labels):
+            key = (labels, s.timestamp_ms if s.timestamps is None else s.timestamps[i])
+            if key in seen:
+                dropped += 1
+            else:
+                seen.add(key)
+                keep.append(i)
+        if len(keep) == len(s):
+            out.append(s)
+            continue
+        stamps = None if s.timestamps is None else [s.timestamps[i] for i in keep]
+        values = array("d", (s.values[i] for i in keep))
+        out.append(ShapedScrape(s.target, s.timestamp_ms, [s.labels[i] for i in keep], values, stamps))
+    return out, dropped
+
+
 def _series_parts(scrapes: Sequence[ShapedScrape], parts: int) -> list[list[ShapedScrape]]:
     """``scrapes`` cut into ``parts`` groups of disjoint series (by first appearance), all timestamps kept."""
     order: dict[Labels, int] = {}

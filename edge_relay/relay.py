@@ -30,7 +30,7 @@ from edge_relay import budget as budget_mod
 from edge_relay import settings as settings_mod
 from edge_relay.budget import Budget
 from edge_relay.controller import Controller
-from edge_relay.encode import BatchEncoder, decode_stage, encode_stage, to_batch
+from edge_relay.encode import BatchEncoder, decode_stage, dedupe_window, encode_stage, to_batch
 from edge_relay.parse import ParseError, SampleLimitExceeded, SeriesCache, parse
 from edge_relay.retention import Policy, Retention, describe
 from edge_relay.scrape import Fetched, Scraper
@@ -101,6 +101,7 @@ class Relay:
         self.metrics = metrics or RelayMetrics()
         self.spool = Spool(s.spool_path, synchronous=s.spool_synchronous, max_bytes=s.spool_max_bytes or None)
         self._unrecorded: list[tuple[str, str, int, int, int]] = []
+        self.metrics.spool_max_bytes.set(s.spool_max_bytes)
         self.metrics.attach_ledger(self.loss_totals)
         self.retention = Retention(
             self.spool,
@@ -299,7 +300,27 @@ class Relay:
         if not self._window_ids:
             self._window_index = None
             return
-        batches = self.encoder.build_window(self._window)
+        window, duplicates = dedupe_window(self._window)
+        if duplicates:
+            # Explicit exporter timestamps that did not advance between scrapes: Prometheus would keep
+            # only one sample per series and timestamp too.
+            first, last = self._window[0].timestamp_ms, self._window[-1].timestamp_ms
+            self._record_loss("duplicate_sample", "{}", first, last, duplicates)
+        try:
+            batches = self.encoder.build_window(window)
+        except ValueError as e:
+            # A window the codec refuses must not stay open for ever: ship it cycle by cycle instead.
+            log.error("cannot encode the batch window as one batch (%s): sending it cycle by cycle", e)
+            batches = []
+            for scrape in window:
+                try:
+                    batches += self.encoder.build([scrape])
+                except ValueError as e2:
+                    log.error(
+                        "dropping %d samples of %s that cannot be encoded: %s", len(scrape), scrape.target, e2
+                    )
+                    ts = scrape.timestamp_ms
+                    self._record_loss("encode_error", f'{{job="{scrape.target}"}}', ts, ts, len(scrape))
         sizes: list[int] = []
 
         def encoder_for(batch: Batch) -> Any:

@@ -50,6 +50,11 @@ class RelayMetrics:
         self.spool_bytes = Gauge(
             "edge_relay_spool_bytes", "Bytes of batches waiting in the spool.", registry=r
         )
+        self.spool_max_bytes = Gauge(
+            "edge_relay_spool_max_bytes",
+            "The spool's size cap (spool.max_bytes; 0 = only the disk limits it).",
+            registry=r,
+        )
         self.spool_oldest_age = Gauge(
             "edge_relay_spool_oldest_sample_age_seconds",
             "Age of the oldest sample not yet acknowledged by the cloud.",

@@ -78,11 +78,12 @@ class WireMeter:
     def new_connection(self) -> None:
         self._last = (0, 0)
 
-    def sample(self, sock: Any) -> tuple[int, int]:
-        """Add what the connection carried since the last sample; return the (sent, received) added."""
-        now = tcp_bytes(sock) if sock is not None and self.kernel else None
+    def sample(self, sock: Any) -> tuple[int, int] | None:
+        """Add what the connection carried since the last sample; return the (sent, received) added,
+        or None when the kernel has no counters for it."""
+        now = tcp_bytes(sock)
         if now is None:
-            return 0, 0
+            return None
         d_sent, d_recv = max(0, now[0] - self._last[0]), max(0, now[1] - self._last[1])
         self._last = now
         with self._lock:
@@ -149,6 +150,11 @@ class TokenBucket:
 # CONNACK codes that mean "this broker does not speak the protocol version you asked for".
 _UNSUPPORTED_VERSION = {1, 132}
 _PUMP_EVERY_S = 1.0
+# How long one network-loop turn may block in select(): short while batches are in flight (acks are
+# processed as they come either way, this is about noticing new spool rows and pacing), longer when
+# idle, so an idle relay wakes 4 times a second instead of 20 (an edge CPU is not free).
+_TURN_BUSY_S = 0.05
+_TURN_IDLE_S = 0.25
 
 
 class Uplink:
@@ -194,6 +200,8 @@ class Uplink:
         self._last_pump = 0.0
         self.connected_event = threading.Event()
         self.wire = WireMeter()
+        self._wire_sent = metrics.wire_bytes.labels("sent")
+        self._wire_received = metrics.wire_bytes.labels("received")
         self.bucket = TokenBucket()
         self._budget: tuple[float | None, float] = (None, 0.0)
         self._estimated = 0  # bytes charged by estimate, not yet matched by the kernel's count
@@ -521,7 +529,8 @@ class Uplink:
                 self._connect()
                 continue
             client = self._client
-            ok = client.loop(timeout=0.05) == mqtt.MQTT_ERR_SUCCESS
+            busy = bool(self._inflight) or self._wake.is_set() or self._paced_since is not None
+            ok = client.loop(timeout=_TURN_BUSY_S if busy else _TURN_IDLE_S) == mqtt.MQTT_ERR_SUCCESS
             self._meter(client)
             if not ok or not self._connected:
                 self._drop_client()
@@ -555,20 +564,22 @@ class Uplink:
             self.bucket.configure(rate, depth)
         estimated, self._estimated = self._estimated, 0
         sock = client.socket()
-        if self.wire.kernel and sock is not None and tcp_bytes(sock) is None:
+        counted = self.wire.sample(sock) if self.wire.kernel and sock is not None else (0, 0)
+        if counted is None:
             log.warning("no TCP_INFO byte counters on this kernel: wire bytes are estimated")
             self.wire.kernel = False
         if not self.wire.kernel:
             self.wire.estimate(estimated, 0)
-            self.metrics.wire_bytes.labels("sent").inc(estimated)
+            self._wire_sent.inc(estimated)
             return
         # paho wrote this turn's publications during loop(), so the kernel's count now includes them:
         # the real bytes replace the estimate charged at publish time (a partial write is refunded
         # now and charged when the rest goes out).
-        sent, received = self.wire.sample(sock)
-        self.bucket.charge(sent + received - estimated)
-        self.metrics.wire_bytes.labels("sent").inc(sent)
-        self.metrics.wire_bytes.labels("received").inc(received)
+        sent, received = counted or (0, 0)
+        if sent or received or estimated:
+            self.bucket.charge(sent + received - estimated)
+            self._wire_sent.inc(sent)
+            self._wire_received.inc(received)
 
     def _has_work(self) -> bool:
         return bool(self._inflight) or self.spool.stats().rows > 0

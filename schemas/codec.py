@@ -701,7 +701,7 @@ def _decode_envelope(
     unpacker.feed(payload)
     try:
         fields = unpacker.unpack()
-    except msgpack.OutOfData:
+    except (msgpack.OutOfData, msgpack.exceptions.BufferFull):
         _fail("truncated", "envelope ends inside the header")
     except ValueError as exc:
         _msgpack_error(exc, "header")
@@ -817,7 +817,8 @@ def _decode_body_v1(header: Header, body: bytes, limits: Limits) -> Batch:
         labelsets, scrapes = _read_body_v1(unpacker, limits)
         if unpacker.tell() != size:
             _fail("malformed", f"{size - unpacker.tell()} bytes after the body")
-    except msgpack.OutOfData:
+    except (msgpack.OutOfData, msgpack.exceptions.BufferFull):
+        # BufferFull: a body shorter than the header it starts (the buffer is capped at its size).
         _fail("malformed", "body ends early")
     except ValueError as exc:
         _msgpack_error(exc, "body")

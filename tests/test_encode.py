@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from edge_relay.encode import BatchEncoder, decode_stage, encode_stage, to_batch
+from edge_relay.encode import BatchEncoder, decode_stage, dedupe_window, encode_stage, to_batch
 from edge_relay.shape import ShapedScrape
 from schemas import codec
 from schemas.model import STALE_NAN, Batch, Labels, float_bits
@@ -303,3 +303,18 @@ def test_build_window_falls_back_to_scrape_splits_for_one_huge_series() -> None:
     assert len(batches) > 1
     assert sum(b.sample_count for b in batches) == 1500
     assert all(len(encoder.encode(b, 1)) <= MAX_BYTES for b in batches)
+
+
+def test_dedupe_window_keeps_the_first_sample_per_series_and_timestamp() -> None:
+    a = scrape("kepler", 3, 1000, explicit=True)
+    b = scrape("kepler", 3, 2000, seed=1)
+    assert a.timestamps is not None
+    b.timestamps = list(a.timestamps)  # the exporter's timestamps did not advance
+    b.timestamps[2] += 1
+    out, dropped = dedupe_window([a, b])
+    assert dropped == 2
+    assert samples_of(out) == samples_of([a]) + Counter(
+        {(b.labels[2], float_bits(b.values[2]), b.timestamps[2]): 1}
+    )
+    plain = [scrape("kepler", 3, 1000), scrape("kepler", 3, 2000)]
+    assert dedupe_window(plain) == (plain, 0)

@@ -57,6 +57,7 @@ from test_ingest import ingesters as ingesters
 from test_ingest import receivers as receivers
 
 from cloud_ingest import settings as settings_mod
+from cloud_ingest.deadletter import REFUSED_KEPT_PER_NODE_REASON, DeadLetterStore
 from cloud_ingest.decode import Decoded, Refused, decode
 from cloud_ingest.service import Ingester
 from schemas import codec, topics
@@ -102,9 +103,9 @@ P, D = LIMITS.max_payload_bytes, LIMITS.max_decompressed_bytes
 # (a stream-mode zstd bomb), a valid batch at the caps at ~0.5 MiB.
 MEMORY_BOUND = 3 * (P + D) + 256 * LIMITS.max_label_pairs + (512 << 10)
 
-# Exceptions the codec's safety net is known to turn into "malformed: unhandled <name>" (a refusal, so
-# the ingester is safe, but a codec bug): see test_a_body_cut_inside_a_map_header_... (xfail).
-KNOWN_SAFETY_NET_CATCHES = frozenset({"BufferFull"})
+# Exceptions the codec's safety net may turn into "malformed: unhandled <name>": none (msgpack's
+# BufferFull for a body cut inside a map header was one, see test_a_body_cut_inside_a_map_header_...).
+KNOWN_SAFETY_NET_CATCHES: frozenset[str] = frozenset()
 
 # Generous: the largest legal batch under LIMITS decodes in ~20 ms (x3 under tracemalloc).
 DEADLINE = timedelta(seconds=3)
@@ -666,18 +667,9 @@ def test_a_refusal_says_whom_to_tell() -> None:
     assert (r.reason, r.seq) == ("bad_topic", None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in schemas/codec.py (_decode_body_v1): a decompressed v1 body shorter than the map "
-    "header it starts with (b'\\xde', b'\\xdf\\x00\\x00': map16/map32 cut short) makes msgpack's "
-    "read_map_header raise BufferFull (the unpacker's max_buffer_size is the body size), which is "
-    "neither OutOfData nor ValueError; the codec's safety net turns it into 'malformed: unhandled "
-    "BufferFull'. Still a refusal (the ingester is safe), but the codec's contract says the net is "
-    "never reached; catching msgpack.BufferFull as a truncated/malformed body fixes it.",
-)
 @pytest.mark.parametrize("raw", [b"\xde", b"\xde\x00", b"\xdf", b"\xdf\x00\x00\x00"])
 def test_a_body_cut_inside_a_map_header_is_refused_by_the_codec_not_its_safety_net(raw: bytes) -> None:
-    for frame in (zstd_frame(raw), zstd_frame(raw, content_size=False, checksum=False)):
+    for frame in (zstd_frame(raw), zstd_frame(raw, content_size=False, checksum=False, window_log=10)):
         got = refusal(envelope(frame))
         assert got.reason == "malformed"
         assert "unhandled" not in str(got), str(got)
@@ -1030,14 +1022,6 @@ def test_a_flood_of_garbage_does_not_disturb_a_good_node(
     assert len(records) < len(garbage) // 4, "the ingester logs per message"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: the dead-letter store keeps every refused payload in full, without a cap per node, "
-    "per reason or in total: one authenticated node flooding garbage (up to limits.max_payload_bytes "
-    "each) grows /var/lib/cloud-ingest without bound (a 1 Gi emptyDir in deploy/: the kubelet then "
-    "evicts the ingester pod). Refusals are already counted and logged once per node and reason; "
-    "the store could keep the first few payloads per node and reason and count the rest.",
-)
 def test_a_flooding_node_cannot_grow_the_dead_letter_store_without_bound(tmp_path: Path) -> None:
     config = tmp_path / "ingest.yaml"
     config.write_text(
@@ -1060,7 +1044,15 @@ def test_a_flooding_node_cannot_grow_the_dead_letter_store_without_bound(tmp_pat
             assert ingester.handle(message) == "refused"
         assert sample(ingester, "cloud_ingest_batches_refused_total", reason="bad_magic") == flood
         kept = ingester.dead_letters.list(limit=10 * flood)
-        assert len(kept) < flood, f"{len(kept)} dead letters, {sum(d.payload_bytes for d in kept)} bytes kept"
+        assert len(kept) == REFUSED_KEPT_PER_NODE_REASON, f"{len(kept)} dead letters kept"
+        assert all(
+            d.reason.startswith("bad_magic: ") and "bad_magic: bad_magic" not in d.reason for d in kept
+        )
+        # the cap survives a restart of the store (it counts what is already there)
+        ingester.dead_letters.close()
+        ingester.dead_letters = DeadLetterStore(tmp_path / "dead.db")
+        assert not ingester.dead_letters.keep_refused("flooder", "bad_magic")
+        assert ingester.dead_letters.keep_refused("other-node", "bad_magic")
     finally:
         ingester.dead_letters.close()
         ingester.writer.close()

@@ -156,22 +156,24 @@ def short_version(line: str) -> str:
 
 
 def relay_overrides(
-    args: argparse.Namespace, work: Path, urls: dict[str, str]
+    args: argparse.Namespace, work: Path, urls: dict[str, str], budget: Path | None = None
 ) -> tuple[dict[str, Any], list[str]]:
-    """The relay's config overrides: product MQTT timers, the batch format and a lossless budget.
+    """The relay's config overrides: product MQTT timers, the batch format and a budget file:
+    ``budget``, or by default a lossless one (one catch-all class, ``--budget-bytes-per-second``).
 
     ``batch.format_version`` and ``budget_file`` are new keys: whichever the relay refuses
     (``edge-relay check-config``) is left out, with a warning line for the report.
     """
     defaults = relay_schema_defaults("mqtt")
     base: dict[str, Any] = {f"mqtt__{key}": defaults[key] for key in MQTT_TIMERS}
-    budget = write_budget(
-        work / "budget.yaml",
-        bytes_per_second=args.budget_bytes_per_second,
-        burst_bytes=10 * args.budget_bytes_per_second,
-        batch_window_seconds=args.batch_window,
-        classes=[{"name": "all", "resolution_seconds": 0}],
-    )
+    if budget is None:
+        budget = write_budget(
+            work / "budget.yaml",
+            bytes_per_second=args.budget_bytes_per_second,
+            burst_bytes=10 * args.budget_bytes_per_second,
+            batch_window_seconds=args.batch_window,
+            classes=[{"name": "all", "resolution_seconds": 0}],
+        )
     wanted: dict[str, Any] = {"batch__format_version": args.format_version, "budget_file": str(budget)}
     warnings: list[str] = []
     check_dir = work / "config-check"

@@ -158,10 +158,18 @@ class BatchEncoder:
         self.max_bytes = max_bytes
         self.zstd_level = zstd_level
         self.version = version
+        self._last_batch: Batch | None = None
+        self._last_payload: bytes | None = None
 
     def encode(self, batch: Batch, seq: int) -> bytes:
+        if batch is self._last_batch and self._last_payload is not None:
+            # Sized a moment ago with a placeholder seq: only the header changes.
+            batch.seq = seq
+            return codec.with_seq(self._last_payload, seq)
         batch.seq = seq
-        return codec.encode_batch(batch, level=self.zstd_level, version=self.version)
+        payload = codec.encode_batch(batch, level=self.zstd_level, version=self.version)
+        self._last_batch, self._last_payload = batch, payload
+        return payload
 
     def build_window(self, scrapes: Sequence[ShapedScrape]) -> list[Batch]:
         """One batch for every scrape of a window; split by series when it would exceed ``max_bytes``."""
@@ -170,7 +178,8 @@ class BatchEncoder:
             return []
         parts = 1
         while True:
-            groups = _series_parts(scrapes, parts)
+            # One part (the usual case) needs no regrouping.
+            groups = [scrapes] if parts == 1 else _series_parts(scrapes, parts)
             batches = [to_batch(self.cluster, self.node, g) for g in groups]
             sizes = [len(self.encode(b, WIDEST_SEQ)) for b in batches]
             if max(sizes) <= self.max_bytes:

@@ -40,6 +40,9 @@ class Scraper:
         self.timeout_s = timeout_s
         self.body_limit_bytes = body_limit_bytes
         self.session = requests.Session()
+        # Exporters are local: no HTTP(S)_PROXY / .netrc from the environment (Prometheus ignores them
+        # for scrapes too), which also spares requests its per-request environment and netrc lookups.
+        self.session.trust_env = False
         self.session.headers.update(
             {
                 "Accept": ACCEPT[fmt],

@@ -460,6 +460,18 @@ def encode_batch(
     return out
 
 
+def with_seq(payload: bytes, seq: int) -> bytes:
+    """``payload`` (an envelope this module encoded) with another ``seq``: the body is reused as is,
+    so a batch sized with a placeholder seq is not encoded a second time."""
+    try:
+        _check_seq(seq)
+    except _Invalid as exc:
+        raise EncodeError(exc.reason, exc.message) from None
+    header = msgpack.unpackb(payload[len(MAGIC) + 1 :], raw=False)
+    header["seq"] = seq
+    return payload[: len(MAGIC) + 1] + msgpack.packb(header, use_bin_type=True)
+
+
 # --------------------------------------------------------------------------------------------------
 # Body v2: columnar streams (schemas/columnar.py has the transforms, wire-format.md the layout)
 

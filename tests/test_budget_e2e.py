@@ -44,6 +44,8 @@ from stack import (
     write_yaml,
 )
 
+from edge_relay.budget import PRESETS
+
 NODE = "edge-gpu-01"
 WINDOW_S = 10
 CRITICAL = "dcgm-critical"
@@ -150,15 +152,18 @@ def of_class(samples: RawSamples, pattern: str) -> RawSamples:
     return {k: v for k, v in samples.items() if rx.fullmatch(dict(k)["__name__"])}
 
 
-def critical_names() -> str:
-    from edge_relay.budget import PRESETS
-
-    return "|".join(PRESETS[CRITICAL].names)
-
-
-def stop_and_drain(run: Run) -> None:
+def drain_and_check_critical(run: Run, prometheus: Prometheus) -> tuple[RawSamples, RawSamples]:
+    """Stop the relay (it drains, paced), then: every critical sample served is in Prometheus at the
+    scrape that fetched it. Returns (served, stored) of every series for further checks."""
     assert run.relay.alive(), run.relay.log_tail()
     assert run.relay.stop(timeout=150) == 0, run.relay.log_tail()
+    expected = served_expectations(run)
+    actual = prometheus.raw_samples('{job=~".+"}', lookback="10m")
+    crit = "|".join(PRESETS[CRITICAL].names)
+    problems = compare(of_class(expected, crit), of_class(actual, crit))
+    assert not problems, "\n".join(problems[:20])
+    assert sum(len(v) for v in of_class(expected, crit).values()) > 60 * 10
+    return expected, actual
 
 
 def scrape_times(actual: RawSamples, job: str) -> list[int]:
@@ -206,15 +211,8 @@ def test_classes_shape_as_configured(stack: Any, prometheus: Prometheus) -> None
     assert run.metric("edge_relay_budget_resolution_seconds", **{"class": "rest"}) == 8
     time.sleep(15)
     merged = run.metric("edge_relay_budget_samples_total", **{"class": "kepler", "outcome": "merged"})
-    stop_and_drain(run)
-    expected = served_expectations(run)
-    actual = prometheus.raw_samples('{job=~".+"}', lookback="10m")
-
     # 1. The critical class: every sample, at the scrape that fetched it.
-    crit = critical_names()
-    problems = compare(of_class(expected, crit), of_class(actual, crit))
-    assert not problems, "\n".join(problems[:20])
-    assert sum(len(v) for v in of_class(expected, crit).values()) > 60 * 10
+    expected, actual = drain_and_check_critical(run, prometheus)
 
     # 2. Kepler counters, downsampled 2x: what Prometheus answers for rate(x[60s]) against the rate of
     #    the raw values the simulator served over the same range.
@@ -297,9 +295,4 @@ def test_tight_budget_is_kept_on_the_wire(stack: Any, prometheus: Prometheus) ->
     )
     assert run.metric("edge_relay_budget_bytes_per_second") == rate
     # Late but whole: after the (paced) drain, the critical class is complete at full resolution.
-    stop_and_drain(run)
-    expected = served_expectations(run)
-    actual = prometheus.raw_samples('{job=~".+"}', lookback="10m")
-    crit = critical_names()
-    problems = compare(of_class(expected, crit), of_class(actual, crit))
-    assert not problems, "\n".join(problems[:20])
+    drain_and_check_critical(run, prometheus)

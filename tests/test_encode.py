@@ -318,3 +318,18 @@ def test_dedupe_window_keeps_the_first_sample_per_series_and_timestamp() -> None
     )
     plain = [scrape("kepler", 3, 1000), scrape("kepler", 3, 2000)]
     assert dedupe_window(plain) == (plain, 0)
+
+
+@pytest.mark.parametrize("version", [codec.FORMAT_V1, codec.FORMAT_V2])
+def test_encoding_again_with_the_real_seq_reuses_the_body_and_equals_a_fresh_encode(version: int) -> None:
+    scrapes = window_scrapes(3, 10)
+    encoder = BatchEncoder(CLUSTER, NODE, max_bytes=1 << 20, version=version)
+    (batch,) = encoder.build_window(scrapes)  # sized with WIDEST_SEQ
+    again = encoder.encode(batch, 42)
+    fresh = BatchEncoder(CLUSTER, NODE, max_bytes=1 << 20, version=version).encode(
+        to_batch(CLUSTER, NODE, scrapes), 42
+    )
+    assert again == fresh
+    assert codec.decode_batch(again).seq == 42
+    with pytest.raises(codec.WireError):
+        codec.with_seq(again, -1)

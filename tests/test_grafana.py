@@ -141,11 +141,18 @@ def test_dashboard_has_the_requested_panels() -> None:
     assert "joules" in exprs("Energy per namespace over the time range")
     assert "cloud_ingest_node_online" in exprs("Nodes online")
     assert "backlog" in exprs("Backlog per node")
-    budget = panels["Uplink bytes per second against budget"]
-    assert "edge_relay_publish_payload_bytes_total" in " ".join(t["expr"] for t in budget["targets"])
-    steps = budget["fieldConfig"]["defaults"]["thresholds"]["steps"]
-    placeholder = yaml.safe_load((ROOT / "deploy/kubernetes/base/edge/config/budget.yaml").read_text())
-    assert steps[-1]["value"] == placeholder["uplink"]["sustained_bytes_per_second"]
+    # The budget and the spool cap are each relay's own (second query), not a fixed threshold line.
+    budget = {t["refId"]: t["expr"] for t in panels["Uplink bytes per second against budget"]["targets"]}
+    assert re.match(r"sum by \(cluster, node\) \(rate\(edge_relay_wire_bytes_total\{", budget["A"])
+    assert "edge_relay_budget_bytes_per_second" in budget["B"] and "by (cluster, node)" in budget["B"]
+    assert "edge_relay_publish_payload_bytes_total" not in " ".join(budget.values())
+    assert "edge_relay_spool_max_bytes" in exprs("Spool size per node")
+    for title in ("Uplink bytes per second against budget", "Spool size per node"):
+        defaults = panels[title]["fieldConfig"]["defaults"]
+        steps = defaults.get("thresholds", {}).get("steps", [])
+        assert all(s["value"] is None for s in steps), f"{title}: a fixed threshold"
+        assert "PLACEHOLDER" not in panels[title]["description"].upper()
+    assert "edge_relay_budget_resolution_seconds" in exprs("Budget classes: resolution")
     assert "edge_relay_samples_dropped_total" in exprs("Losses")
 
 
@@ -257,6 +264,26 @@ def synthetic_fleet(now_s: float) -> FleetWriter:
                 ),
                 ("edge_relay_samples_dropped_total", {**relay, "reason": "spool_full"}, 40.0 * tick * n),
                 ("edge_relay_mqtt_connected", relay, 0.0 if offline else 1.0),
+                # The offline node's connection carries nothing: its wire counters stand still.
+                (
+                    "edge_relay_wire_bytes_total",
+                    {**relay, "direction": "sent"},
+                    5e6 if offline else tick * STEP_S * 9000.0,
+                ),
+                (
+                    "edge_relay_wire_bytes_total",
+                    {**relay, "direction": "received"},
+                    2e5 if offline else tick * STEP_S * 600.0,
+                ),
+                ("edge_relay_budget_bytes_per_second", relay, 16384.0),
+                ("edge_relay_spool_max_bytes", relay, 1610612736.0),
+                # The offline node's backlog has degraded its lowest class.
+                ("edge_relay_budget_resolution_seconds", {**relay, "class": "kepler-energy"}, 15.0),
+                (
+                    "edge_relay_budget_resolution_seconds",
+                    {**relay, "class": "rest"},
+                    120.0 if offline else 60.0,
+                ),
                 ("cloud_ingest_node_online", ingest, 0.0 if offline else 1.0),
                 ("cloud_ingest_node_backlog_batches", ingest, 40.0 if offline else 2.0),
                 ("cloud_ingest_node_last_batch_timestamp_seconds", ingest, float(start if offline else t)),

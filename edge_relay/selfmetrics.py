@@ -107,7 +107,8 @@ class RelayMetrics:
         )
         self.budget_rate = Gauge(
             "edge_relay_budget_bytes_per_second",
-            "Uplink bytes/s the budget allows now (time window and daily quota applied); 0 = no budget.",
+            "Uplink bytes/s the budget allows now (time window and daily quota applied); 0 without a budget "
+            "file, and once a daily quota is used up (the relay then sends nothing until the next day).",
             registry=r,
         )
         self.budget_burst = Gauge("edge_relay_budget_burst_bytes", "Burst the budget allows.", registry=r)

@@ -17,11 +17,16 @@ TCP proxy (``CutProxy``, never cut here) and each writes to a receiver of its ow
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import json
 import math
 import platform
 import re
+import sqlite3
+import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,31 +37,43 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from outage_bench import (  # noqa: E402
     CHURN_TICKS,
+    EXTERNAL,
     NODE,
     SEED,
     Agent,
     Ours,
     System,
     Vm,
+    ledger_totals,
     log,
     table,
     workspace,
     write_results,
 )
 from outage_harness import (  # noqa: E402
+    CutProxy,
     ProcStats,
     ReplayTap,
+    Score,
     check_relay_config,
     die_with_parent,
     metric_sum,
     read_metrics,
     relay_schema_defaults,
     samples_stamped,
+    score,
     tool_version,
     write_budget,
 )
 from services import Prometheus, RawSamples, VictoriaMetrics  # noqa: E402
-from stack import EXPORTERS, SimulatorProcess, relay_config  # noqa: E402
+from stack import (  # noqa: E402
+    EXPORTERS,
+    SimulatorProcess,
+    expected_samples,
+    read_served_log,
+    relay_config,
+    same_value,
+)
 
 RECEIVERS: dict[str, type[Prometheus] | type[VictoriaMetrics]] = {
     "prometheus": Prometheus,
@@ -71,6 +88,8 @@ MQTT_TIMERS = (
     "reconnect_max_seconds",
     "status_interval_seconds",
 )
+# cloud-ingest: reconnect within 0.5-5 s (product default 1-30 s), as the bandwidth bench always did.
+INGEST_OVERRIDES: dict[str, Any] = {"mqtt__reconnect_min_seconds": 0.5, "mqtt__reconnect_max_seconds": 5}
 
 
 # ------------------------------------------------------------------------------------------ systems
@@ -259,7 +278,7 @@ def systems(args: argparse.Namespace, work: Path, overrides: dict[str, Any], pv:
                 interval,
                 args.series,
                 relay_overrides=overrides,
-                ingest_overrides={"mqtt__reconnect_min_seconds": 0.5, "mqtt__reconnect_max_seconds": 5},
+                ingest_overrides=INGEST_OVERRIDES,
             ),
             "prometheus",
             Prometheus(work / "ours" / "receiver"),
@@ -572,6 +591,625 @@ def report(
     return f"{head}\n{main}\n\n{cloud}\n\n{legend}\n{row_notes}\n\n{versions}"
 
 
+# ------------------------------------------------------------------------------------------ budget scenario
+
+# --budget-scenario: our stack alone, with a budget too small for its classes, so that the relay's
+# controller has to degrade them (see bench/README.md, "Budget scenario").
+BUDGET_BURST_SECONDS = 20  # burst_bytes = 20 x the sustained rate
+BUDGET_CLASSES: list[dict[str, Any]] = [
+    {"name": "critical", "preset": "dcgm-critical"},  # no `degrade`: never coarsened
+    {
+        "name": "kepler",
+        "preset": "kepler",
+        "resolution_seconds": 15,
+        "degrade": {"max_resolution_seconds": 60},
+    },
+    {"name": "rest", "resolution_seconds": 0, "degrade": {"max_resolution_seconds": 300}},
+]
+CRITICAL_CLASS, CRITICAL_PRESET = "critical", "dcgm-critical"
+# The first minute is left out of the worst ratio: the bucket starts full, so early on the allowed
+# bytes are mostly burst and one batch is a large share of them.
+WORST_AFTER_S = 60.0
+RELAY_METRICS_EVERY_S = 5.0
+
+Metrics = list[tuple[str, dict[str, str], float]]
+
+
+class WireSampler:
+    """Reads a ``CutProxy``'s byte counters every second in a thread: (monotonic time, up, down)."""
+
+    def __init__(self, proxy: CutProxy, every: float = 1.0) -> None:
+        self.proxy = proxy
+        self.every = every
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="wire-sampler", daemon=True)
+
+    def start(self) -> WireSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sample()
+
+    def sample(self) -> None:
+        self.samples.append((time.monotonic(), self.proxy.bytes_up, self.proxy.bytes_down))
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            self.sample()
+            next_at += self.every
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+@dataclass(frozen=True)
+class WireCheck:
+    """The proxy's counts over [t0, t_end] against the budget's ``burst + rate x elapsed``."""
+
+    up: int
+    down: int
+    elapsed: float
+    allowed: float
+    worst_ratio: float  # the largest bytes / allowed at any sample at least WORST_AFTER_S in
+    worst_at: float  # seconds after t0
+    max_excess: float  # the largest (bytes in [a, b]) - rate x (b - a) over any pair of samples
+    excess_span: tuple[float, float]  # that [a, b], seconds after t0
+
+    @property
+    def total(self) -> int:
+        return self.up + self.down
+
+    @property
+    def ratio(self) -> float:
+        return self.total / self.allowed
+
+
+def wire_check(
+    samples: list[tuple[float, int, int]], t0: float, t_end: float, rate: float, burst: float
+) -> WireCheck:
+    inside = [s for s in samples if t0 <= s[0] <= t_end]
+    worst, worst_at = 0.0, 0.0
+    low, low_at = 0.0, 0.0  # min over earlier samples of bytes - rate x elapsed (0 at t0: nothing sent)
+    excess, span = 0.0, (0.0, 0.0)
+    for t, up, down in inside:
+        elapsed = t - t0
+        total = up + down
+        if elapsed >= WORST_AFTER_S and total / (burst + rate * elapsed) > worst:
+            worst, worst_at = total / (burst + rate * elapsed), elapsed
+        v = total - rate * elapsed
+        if v - low > excess:
+            excess, span = v - low, (low_at, elapsed)
+        if v < low:
+            low, low_at = v, elapsed
+    _, up, down = inside[-1] if inside else (t0, 0, 0)
+    elapsed = t_end - t0
+    return WireCheck(up, down, elapsed, burst + rate * elapsed, worst, worst_at, excess, span)
+
+
+def bytes_at(samples: list[tuple[float, int, int]], t: float) -> int:
+    """Up + down of the last sample taken at or before ``t`` (0 before the first)."""
+    total = 0
+    for at, up, down in samples:
+        if at > t:
+            break
+        total = up + down
+    return total
+
+
+@dataclass(frozen=True)
+class SpoolBacklog:
+    rows: int  # batches waiting to be published or acknowledged
+    bytes: int
+    samples: int
+    staged_rows: int  # scrapes of the open batch window, not packed into a batch yet
+    staged_bytes: int
+    staged_samples: int
+    oldest_ms: int | None
+
+
+def spool_backlog(path: Path) -> SpoolBacklog | None:
+    """What waits in the relay's spool, read from the SQLite file (read-only; the relay may run)."""
+    try:
+        conn = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True, timeout=10)
+        try:
+            query = (
+                "SELECT count(*), coalesce(sum(byte_size), 0), coalesce(sum(sample_count), 0), "
+                "min(first_ts_ms) FROM "
+            )
+            rows, size, samples, oldest = conn.execute(query + "batches").fetchone()
+            s_rows, s_size, s_samples, s_oldest = conn.execute(query + "staging").fetchone()
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        log(f"cannot read the spool {path}: {exc}")
+        return None
+    firsts = [t for t in (oldest, s_oldest) if t is not None]
+    return SpoolBacklog(rows, size, samples, s_rows, s_size, s_samples, min(firsts) if firsts else None)
+
+
+def class_value(m: Metrics, name: str, cls: str, **labels: str) -> float:
+    return metric_sum(m, name, **{"class": cls}, **labels)
+
+
+@dataclass
+class BudgetRun:
+    t0: float  # monotonic time the relay was started
+    t0_wall: float
+    t_end: float  # end of the measured run
+    t_drained: float  # the relay has exited (drained, or killed after --drain-seconds + 30 s)
+    wire: list[tuple[float, int, int]]
+    snapshots: list[tuple[float, Metrics]]  # the relay's /metrics every RELAY_METRICS_EVERY_S
+    final: Metrics  # the relay's /metrics at the end of the run
+    stats: dict[str, ProcStats]
+    backlog_end: SpoolBacklog | None
+    backlog_after: SpoolBacklog | None
+    ledger: dict[str, int]
+    critical: Score
+    critical_series: int
+    critical_scrapes: int
+    steps: list[str]  # the controller's log lines, with the time since t0
+    notes: list[str] = field(default_factory=list)
+
+
+def budget_plan(
+    args: argparse.Namespace, work: Path, urls: dict[str, str], overrides: dict[str, Any], budget: Path
+) -> tuple[str, str, dict[str, Any] | None]:
+    """``edge-relay budget plan`` for the relay's config: (command, its table, its JSON report).
+
+    It scrapes every exporter once, so it runs before the relay starts (the critical check only counts
+    what the simulator served after that)."""
+    plan_dir = work / "plan"
+    plan_dir.mkdir(parents=True, exist_ok=True)
+    cfg = relay_config(plan_dir, urls=urls, mqtt_port=1883, interval=args.interval, node=NODE, **overrides)
+    argv = [sys.executable, "-m", "edge_relay.cli", "budget", "plan", "--config", str(cfg)]
+    argv += ["--budget", str(budget)]
+    command = "edge-relay " + " ".join(argv[3:])
+    proc = subprocess.run([*argv, "--json"], capture_output=True, text=True, timeout=120)
+    if proc.returncode != 0:
+        return command, f"(failed, exit status {proc.returncode}: {proc.stderr.strip()[-500:]})", None
+    rep: dict[str, Any] = json.loads(proc.stdout)
+    from edge_relay.budget_cmd import render_table  # the command's own text output, without a 2nd scrape
+
+    return command, render_table(rep), rep
+
+
+def critical_check(ours: Ours, receiver: Prometheus, since_ms: int) -> tuple[Score, int, int]:
+    """Every sample the simulator served (since ``since_ms``) of the series the critical class's preset
+    matches, against the receiver's raw samples: (score, series, scrapes)."""
+    from edge_relay.budget import PRESETS
+
+    pattern = "|".join(PRESETS[CRITICAL_PRESET].names)
+    rx = re.compile(pattern)
+    served = [r for r in read_served_log(ours.sim.served_log) if r.t_ms >= since_ms]
+    expected = expected_samples(
+        ours.sim.simulator,
+        served,
+        jobs={e: e for e in EXPORTERS},
+        instances=ours.instances(),
+        extra=EXTERNAL,
+    )
+    critical = {k: v for k, v in expected.items() if rx.fullmatch(dict(k)["__name__"])}
+    now = time.time()
+    lookback = f"{int(now - since_ms / 1000) + 120}s"
+    actual = receiver.raw_samples(f'{{__name__=~"{pattern}"}}', lookback=lookback, at=now)
+    result = score(
+        critical,
+        actual,
+        skew_before_ms=ours.skew_before_ms,
+        skew_after_ms=ours.skew_after_ms,
+        until_ms=int(now * 1000),
+        same_value=same_value,
+    )
+    scrapes = len({t for samples in critical.values() for t, _ in samples})
+    return result, len(critical), scrapes
+
+
+def controller_steps(ours: Ours, t0_wall: float) -> list[str]:
+    """The controller's "budget: degrade/restore ..." log lines, stamped with the time since t0."""
+    out = []
+    with contextlib.suppress(OSError):
+        for line in ours.relay.log_path.read_text(errors="replace").splitlines():
+            if "edge_relay.controller" not in line or "budget:" not in line:
+                continue
+            try:
+                at = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+                stamp = f"+{mmss(at - t0_wall)}"
+            except ValueError:
+                stamp = "?"
+            out.append(f"{stamp} {line[line.index('budget:') :]}")
+    return out
+
+
+def mmss(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+def run_budget(args: argparse.Namespace) -> str:
+    rate = args.budget_bps
+    with workspace(args.workdir, args.keep, "budget-bench-") as work:
+        (work / "simulator").mkdir(parents=True, exist_ok=True)
+        sim = SimulatorProcess(
+            work / "simulator",
+            seed=SEED,
+            interval=args.interval,
+            churn_ticks=CHURN_TICKS,
+            series=args.series,
+        )
+        sim.argv = die_with_parent(sim.argv)
+        sim.start()
+        ours: Ours | None = None
+        try:
+            log(f"simulator: {', '.join(f'{k} {v}' for k, v in sim.urls.items())}")
+            budget = write_budget(
+                work / "budget.yaml",
+                bytes_per_second=rate,
+                burst_bytes=BUDGET_BURST_SECONDS * rate,
+                batch_window_seconds=args.batch_window,
+                classes=BUDGET_CLASSES,
+            )
+            overrides, warnings = relay_overrides(args, work, sim.urls, budget)
+            if "budget_file" not in overrides:
+                raise RuntimeError("the relay refuses the budget file: " + " ".join(warnings))
+            command, plan_text, plan = budget_plan(args, work, sim.urls, overrides, budget)
+            log(f"{command}\n{plan_text}")
+            ours = Ours(
+                "ours",
+                "edge-relay (ours)",
+                work / "ours",
+                args.interval,
+                args.series,
+                relay_overrides=overrides,
+                ingest_overrides=INGEST_OVERRIDES,
+                drain_seconds=args.drain_seconds,
+            )
+            receiver = Prometheus(work / "ours" / "receiver")
+            attach(ours, sim, receiver)
+            result = budget_run(args, ours, receiver)
+            return budget_report(args, result, budget, command, plan_text, plan, overrides, warnings)
+        finally:
+            if ours is not None:
+                ours.close()
+            sim.stop()
+
+
+def budget_run(args: argparse.Namespace, ours: Ours, receiver: Prometheus) -> BudgetRun:
+    rate, burst = args.budget_bps, BUDGET_BURST_SECONDS * args.budget_bps
+    t0_wall = time.time()
+    ours.start_edge()
+    t0 = time.monotonic()
+    log(f"relay started; running for {args.minutes:g} min at {rate} B/s, burst {burst} B")
+    sampler = WireSampler(ours.proxy).start()
+    url = ours.relay_metrics_url
+    snapshots: list[tuple[float, Metrics]] = []
+
+    def alive() -> None:
+        if not ours.relay.alive():
+            raise RuntimeError(f"edge-relay died:\n{ours.relay.log_tail()}")
+        if not ours.ingest.alive():
+            raise RuntimeError(f"cloud-ingest died:\n{ours.ingest.log_tail()}")
+        for svc in ours.services:
+            if not svc.is_running():
+                raise RuntimeError(f"{svc.name} died:\n{svc.log_tail()}")
+
+    try:
+        end = t0 + args.minutes * 60
+        next_metrics, next_report = t0 + RELAY_METRICS_EVERY_S, t0 + 60
+        while (now := time.monotonic()) < end:
+            alive()
+            if now >= next_metrics:
+                next_metrics += RELAY_METRICS_EVERY_S
+                with contextlib.suppress(Exception):
+                    snapshots.append((now, read_metrics(url)))
+            if now >= next_report and snapshots:
+                next_report += 60
+                total = ours.proxy.bytes_total
+                m = snapshots[-1][1]
+                res = ", ".join(
+                    f"{c['name']} {class_value(m, 'edge_relay_budget_resolution_seconds', c['name']):g} s"
+                    for c in BUDGET_CLASSES
+                )
+                log(
+                    f"+{mmss(now - t0)}: {total:,} B on the wire, {total / (burst + rate * (now - t0)):.2f} "
+                    f"of the allowed; spool {metric_sum(m, 'edge_relay_spool_bytes'):,.0f} B; {res}"
+                )
+            time.sleep(max(0.0, min(1.0, end - time.monotonic(), next_metrics - time.monotonic())))
+        t_end = time.monotonic()
+        final = read_metrics(url)
+        snapshots.append((t_end, final))
+        stats = ours.stats()
+        backlog_end = spool_backlog(ours.spool_path)
+        log(f"stopping the relay: SIGTERM, --drain-seconds {args.drain_seconds:g}")
+        notes: list[str] = []
+        try:
+            ours.stop_edge()
+        except AssertionError as exc:  # Program.stop: not gone within drain + 30 s, killed
+            notes.append(str(exc).splitlines()[0])
+        t_drained = time.monotonic()
+        log(f"relay gone after {t_drained - t_end:.0f} s")
+    finally:
+        sampler.stop()
+    backlog_after = spool_backlog(ours.spool_path)
+    ledger = ledger_totals(ours.relay_cfg)
+    log("comparing the critical class with what the simulator served")
+    critical, series, scrapes = critical_check(ours, receiver, int(t0_wall * 1000))
+    return BudgetRun(
+        t0=t0,
+        t0_wall=t0_wall,
+        t_end=t_end,
+        t_drained=t_drained,
+        wire=list(sampler.samples),
+        snapshots=snapshots,
+        final=final,
+        stats=stats,
+        backlog_end=backlog_end,
+        backlog_after=backlog_after,
+        ledger=ledger,
+        critical=critical,
+        critical_series=series,
+        critical_scrapes=scrapes,
+        steps=controller_steps(ours, t0_wall),
+        notes=notes + ours.notes,
+    )
+
+
+def fmt_backlog(b: SpoolBacklog | None, at_wall: float) -> str:
+    if b is None:
+        return "n/a (spool unreadable)"
+    text = f"{b.rows:,} batches, {b.bytes:,} B, {b.samples:,} samples"
+    if b.staged_rows:
+        text += (
+            f"; open batch window: {b.staged_rows} scrapes, {b.staged_bytes:,} B, "
+            f"{b.staged_samples:,} samples"
+        )
+    if b.oldest_ms is not None:
+        text += f"; oldest sample {mmss(at_wall - b.oldest_ms / 1000)} old"
+    return text
+
+
+def budget_report(
+    args: argparse.Namespace,
+    r: BudgetRun,
+    budget: Path,
+    plan_command: str,
+    plan_text: str,
+    plan: dict[str, Any] | None,
+    overrides: dict[str, Any],
+    warnings: list[str],
+) -> str:
+    rate, burst = args.budget_bps, BUDGET_BURST_SECONDS * args.budget_bps
+    run = wire_check(r.wire, r.t0, r.t_end, rate, burst)
+    whole = wire_check(r.wire, r.t0, r.t_drained, rate, burst)
+    wall_end = r.t0_wall + (r.t_end - r.t0)
+    full = plan["total"]["full_bytes_per_second"] if plan else None
+    last5 = max(r.t0, r.t_end - 300)
+    tail_rate = (bytes_at(r.wire, r.t_end) - bytes_at(r.wire, last5)) / max(1e-9, r.t_end - last5)
+    f = r.final
+    relay_wire = metric_sum(f, "edge_relay_wire_bytes_total")
+    relay_wire_at_end = bytes_at(r.wire, r.t_end)
+    c = r.critical
+    complete = c.missing == 0 and c.value_mismatches == 0 and c.extra == 0 and c.expected > 0
+    crit_text = (
+        f"**{'yes' if complete else 'NO'}**: {c.delivered:,} of {c.expected:,} served samples "
+        f"({r.critical_series} series x {r.critical_scrapes} scrapes) at their scrape's timestamp, "
+        f"{c.missing:,} missing, {c.value_mismatches:,} values differ, {c.extra:,} extra"
+    )
+    ledger = ", ".join(f"{k} {v:,}" for k, v in sorted(r.ledger.items())) or "empty"
+    summary = [
+        ["budget", f"{rate:,} B/s sustained, {burst:,} B burst, batch window {args.batch_window:g} s"],
+        [
+            "`budget plan` at full resolution",
+            f"{full:,.1f} B/s = {full / rate:.2f}x the budget" if full else "n/a",
+        ],
+        [
+            "run",
+            f"{(r.t_end - r.t0) / 60:.1f} min from the relay's start (then a drain), "
+            f"{args.series or 'natural'} series every {args.interval:g} s",
+        ],
+        ["bytes on the wire (up + down)", f"{run.total:,} ({run.up:,} + {run.down:,})"],
+        ["allowed: burst + rate x elapsed", f"{run.allowed:,.0f}"],
+        ["ratio", f"{run.ratio:.3f}"],
+        [
+            f"worst ratio at any second after the first {WORST_AFTER_S:g} s",
+            f"{run.worst_ratio:.3f} at +{mmss(run.worst_at)}",
+        ],
+        [
+            "largest (bytes - rate x length) over any interval",
+            f"{run.max_excess:,.0f} B, +{mmss(run.excess_span[0])} to +{mmss(run.excess_span[1])} "
+            f"({run.max_excess / burst:.2f} x burst)",
+        ],
+        ["wire rate over the last 5 min", f"{tail_rate:,.1f} B/s ({tail_rate / rate:.2f} x rate)"],
+        [
+            "paced (batches waited for the budget)",
+            f"{metric_sum(f, 'edge_relay_budget_paced_seconds_total'):,.0f} s",
+        ],
+        ["spool backlog at the end of the run", fmt_backlog(r.backlog_end, wall_end)],
+        [
+            "drain (SIGTERM to exit)",
+            f"{r.t_drained - r.t_end:.0f} s, {whole.total - run.total:,} B; ratio incl. the drain "
+            f"{whole.ratio:.3f}, worst {whole.worst_ratio:.3f}",
+        ],
+        ["spool after the drain", fmt_backlog(r.backlog_after, r.t0_wall + (r.t_drained - r.t0))],
+        ["critical class complete at full resolution in Prometheus", crit_text],
+        ["loss ledger (samples, by reason)", ledger],
+    ]
+    classes = []
+    for cls in BUDGET_CLASSES:
+        name = cls["name"]
+        configured = max(float(cls.get("resolution_seconds", 0)), args.interval)
+        ceiling = cls.get("degrade", {}).get("max_resolution_seconds")
+        classes.append(
+            [
+                name,
+                f"{class_value(f, 'edge_relay_budget_degrade_level', name):g}",
+                f"{class_value(f, 'edge_relay_budget_resolution_seconds', name):g}",
+                f"{configured:g} / {ceiling:g}" if ceiling else f"{configured:g} / never",
+                f"{class_value(f, 'edge_relay_budget_degrade_steps_total', name, direction='degrade'):g}",
+                f"{class_value(f, 'edge_relay_budget_degrade_steps_total', name, direction='restore'):g}",
+                f"{class_value(f, 'edge_relay_budget_samples_total', name, outcome='sent'):,.0f}",
+                f"{class_value(f, 'edge_relay_budget_samples_total', name, outcome='merged'):,.0f}",
+                f"{class_value(f, 'edge_relay_budget_samples_total', name, outcome='suppressed'):,.0f}",
+            ]
+        )
+    timeline = []
+    minutes = math.ceil((r.t_end - r.t0) / 60 - 1e-6)
+    for i in range(1, minutes + 1):
+        t = min(r.t0 + 60 * i, r.t_end)
+        total, before = bytes_at(r.wire, t), bytes_at(r.wire, r.t0 + 60 * (i - 1))
+        m = next((m for at, m in r.snapshots if at >= t - 0.5), r.final)
+        timeline.append(
+            [
+                f"+{mmss(t - r.t0)}",
+                f"{total:,}",
+                f"{burst + rate * (t - r.t0):,.0f}",
+                f"{total / (burst + rate * (t - r.t0)):.3f}",
+                f"{(total - before) / (t - (r.t0 + 60 * (i - 1))):,.0f}",
+                f"{metric_sum(m, 'edge_relay_spool_rows'):,.0f} / "
+                f"{metric_sum(m, 'edge_relay_spool_bytes'):,.0f}",
+                f"{metric_sum(m, 'edge_relay_spool_oldest_sample_age_seconds'):,.0f}",
+                *(
+                    f"{class_value(m, 'edge_relay_budget_resolution_seconds', cls['name']):g}"
+                    for cls in BUDGET_CLASSES
+                ),
+            ]
+        )
+    observations = budget_observations(args, r, run, whole, tail_rate)
+    fmt = overrides.get("batch__format_version")
+    relay = [
+        f"`batch.format_version: {fmt}`" if fmt is not None else "batch format: the relay's default",
+        "MQTT timers at the product defaults ("
+        + ", ".join(f"{k.removeprefix('mqtt__')} {v}" for k, v in overrides.items() if k.startswith("mqtt__"))
+        + ")",
+    ]
+    head = (
+        f"## Budget scenario: {args.series or 'natural'} series at {args.interval:g} s, {rate:,} B/s, "
+        f"{args.minutes:g} min\n\n"
+        f"Run {dt.datetime.fromtimestamp(r.t0_wall).isoformat(timespec='seconds')}. Our stack only: "
+        "simulator -> edge-relay -> byte-counting proxy -> mosquitto -> cloud-ingest -> Prometheus; "
+        "the proxy's counters (TCP payload of the relay's MQTT connection, both directions) are read "
+        "every second from the relay's start, the relay's /metrics every "
+        f"{RELAY_METRICS_EVERY_S:g} s. Relay: {relay[0]}; {relay[-1]}; `--drain-seconds "
+        f"{args.drain_seconds:g}` on SIGTERM.\n\n"
+        f"Budget file (`{budget.name}`):\n\n```yaml\n{budget.read_text()}```\n"
+    )
+    if warnings:
+        head += "\n" + "\n".join(f"**{w}**" for w in warnings) + "\n"
+    plan_block = f"`{plan_command}` (before the relay started):\n\n```\n{plan_text}\n```\n"
+    steps = "\n".join(r.steps) or "(none)"
+    relay_stats = r.stats.get("edge-relay")
+    notes = list(r.notes)
+    notes.append(
+        f"the relay's own edge_relay_wire_bytes_total at the end of the run: {relay_wire:,.0f} B "
+        f"(proxy: {relay_wire_at_end:,} B)"
+    )
+    if relay_stats is not None:
+        notes.append(
+            f"edge-relay CPU {relay_stats.cpu_seconds:.1f} s over the run, peak RSS "
+            f"{relay_stats.peak_rss_bytes / 2**20:.1f} MiB"
+        )
+    notes.append(
+        f"batches published: {metric_sum(f, 'edge_relay_batches_published_total', kind='first'):,.0f} "
+        f"+ {metric_sum(f, 'edge_relay_batches_published_total', kind='retry'):,.0f} again; MQTT payload "
+        f"{metric_sum(f, 'edge_relay_publish_payload_bytes_total'):,.0f} B"
+    )
+    return (
+        f"{head}\n{plan_block}\n"
+        + table(["measure", "value"], summary)
+        + "\n\n"
+        + table(
+            [
+                "class",
+                "degrade level",
+                "resolution s",
+                "configured / max s",
+                "degrade steps",
+                "restore steps",
+                "samples sent",
+                "merged",
+                "suppressed",
+            ],
+            classes,
+        )
+        + "\n\nAt the end of the run (the relay's /metrics: `edge_relay_budget_degrade_level`, "
+        "`_resolution_seconds`, `_degrade_steps_total{direction}`, `_samples_total{outcome}`).\n\n"
+        + table(
+            [
+                "time",
+                "bytes on the wire",
+                "allowed",
+                "ratio",
+                "B/s in the minute",
+                "spool batches / bytes",
+                "oldest sample s",
+                *(f"{cls['name']} res s" for cls in BUDGET_CLASSES),
+            ],
+            timeline,
+        )
+        + "\n\nPer minute since the relay started (spool and resolutions from the relay's /metrics; the "
+        "spool counts packed batches, not the open batch window).\n\n"
+        + f"Controller steps (relay log):\n\n```\n{steps}\n```\n\n"
+        + "Observations:\n\n"
+        + "\n".join(f"- {o}" for o in observations)
+        + "\n\nNotes:\n\n"
+        + "\n".join(f"- {n}" for n in notes)
+        + f"\n\nPython {platform.python_version()}.\n"
+    )
+
+
+def budget_observations(
+    args: argparse.Namespace, r: BudgetRun, run: WireCheck, whole: WireCheck, tail_rate: float
+) -> list[str]:
+    """What a reader should not miss, derived from the numbers (no judgement beyond them)."""
+    rate, burst = args.budget_bps, BUDGET_BURST_SECONDS * args.budget_bps
+    out = []
+    if run.worst_ratio > 1 or whole.worst_ratio > 1:
+        out.append(
+            "the wire went over `burst + rate x elapsed`: worst "
+            f"{max(run.worst_ratio, whole.worst_ratio):.3f}"
+        )
+    else:
+        out.append(
+            f"the wire stayed within `burst + rate x elapsed` at every second after the first minute "
+            f"(worst {run.worst_ratio:.3f}; {whole.worst_ratio:.3f} including the drain)"
+        )
+    if whole.max_excess > burst:
+        out.append(
+            f"over some interval the wire carried {whole.max_excess:,.0f} B more than rate x length, above "
+            f"the {burst:,} B burst (the controller's bound is burst + one batch)"
+        )
+    restores = sum(
+        class_value(r.final, "edge_relay_budget_degrade_steps_total", c["name"], direction="restore")
+        for c in BUDGET_CLASSES
+    )
+    if restores:
+        out.append(f"the controller restored {restores:g} time(s): it went back and forth (see the steps)")
+    at_max = all(
+        class_value(r.final, "edge_relay_budget_resolution_seconds", c["name"])
+        >= c.get("degrade", {}).get("max_resolution_seconds", 0)
+        for c in BUDGET_CLASSES
+        if "degrade" in c
+    )
+    if at_max:
+        out.append("every degradable class ended at its max_resolution_seconds")
+    if class_value(r.final, "edge_relay_budget_degrade_level", CRITICAL_CLASS):
+        out.append("the critical class was degraded")
+    spool = [
+        (at, metric_sum(m, "edge_relay_spool_bytes") + 0.0) for at, m in r.snapshots if at >= r.t_end - 180
+    ]
+    if len(spool) >= 2:
+        growth = spool[-1][1] - spool[0][1]
+        span = spool[-1][0] - spool[0][0]
+        out.append(
+            f"spool backlog over the last {span / 60:.0f} min: {spool[0][1]:,.0f} -> {spool[-1][1]:,.0f} B "
+            f"({growth / span * 60:+,.0f} B/min)" + ("; still growing at the end" if growth > 0 else "")
+        )
+    out.append(f"wire rate over the last 5 min: {tail_rate / rate:.2f} x the sustained rate")
+    return out
+
+
 # ------------------------------------------------------------------------------------------ main
 
 
@@ -605,14 +1243,33 @@ def main() -> int:
         default=["prometheus", "victoriametrics"],
         help="one vmagent row per receiver kind (default both)",
     )
+    ap.add_argument(
+        "--budget-scenario",
+        action="store_true",
+        help="instead: our stack alone under a budget too small for its classes (--minutes from the "
+        "relay's start; writes <timestamp>-budget.md)",
+    )
+    ap.add_argument(
+        "--budget-bps",
+        type=int,
+        default=280,
+        help="budget scenario: sustained bytes/s, burst 20x (default 280: `budget plan` estimates about "
+        "465 B/s at full resolution for 2000 series)",
+    )
+    ap.add_argument(
+        "--drain-seconds",
+        type=float,
+        default=900.0,
+        help="budget scenario: the relay's --drain-seconds when it is stopped at the end (default 900)",
+    )
     ap.add_argument("--workdir", help="working directory (default: a new temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the working directory")
     args = ap.parse_args()
 
     started = time.monotonic()
-    report = run(args)
+    report = run_budget(args) if args.budget_scenario else run(args)
     report += f"\nBench wall time {(time.monotonic() - started) / 60:.1f} min; `{' '.join(sys.argv)}`.\n"
-    path = write_results("bandwidth", report)
+    path = write_results("budget" if args.budget_scenario else "bandwidth", report)
     print(report)
     log(f"written to {path.relative_to(ROOT)}")
     return 0

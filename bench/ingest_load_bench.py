@@ -3,19 +3,37 @@ each costs in CPU, how long a sample takes from its scrape time to being queryab
 ingester scales from 1 to 2 replicas.  Not a test: it prints a markdown table and writes it to
 ``bench/results/<timestamp>-ingest-load.md``.  See ``bench/README.md`` ("Ingest load bench").
 
-    python bench/ingest_load_bench.py                                    # 500 nodes x 2000 series / 5 s
-    python bench/ingest_load_bench.py --nodes 10 --series 200 --duration 20   # tiny check, ~3 min
+    python bench/ingest_load_bench.py --warmup 120             # 500 nodes x 2000 series / 5 s, v2 windows
+    python bench/ingest_load_bench.py --nodes 10 --series 200 --duration 20   # tiny check, ~7 min
+    python bench/ingest_load_bench.py --format-version 1 --warmup 60          # one scrape per batch
 
     load generator --MQTT QoS 1--> mosquitto --$share/ingest--> cloud-ingest x N --> tap --> receiver
     (real wire format, one                                      (subprocesses,     (HTTP    (VictoriaMetrics
-     batch per node and tick)                                    own client ids)    proxy)   or Prometheus)
+     batch per node and period)                                  own client ids)    proxy)   or Prometheus)
 
-The generator (``--publishers`` subprocesses of this script) plays ``--nodes`` edge nodes: every
-``--interval`` seconds each node publishes its scrape of ``--series`` series on its own batch topic,
-nodes spread evenly over the interval, in exactly the bytes ``schemas.codec.encode_batch`` produces
-(checked at start-up); the sample timestamp is the moment the batch is built (the "scrape time").
-Label sets are packed once per node; per tick only the scrape block (timestamp, values) is packed and
-the body compressed, so the generator costs a few us per sample, not the encoder's ~5.
+The generator (``--publishers`` subprocesses of this script) plays ``--nodes`` edge nodes scraping
+``--series`` series every ``--interval`` seconds, each publishing on its own batch topic, in exactly
+the bytes ``schemas.codec.encode_batch`` produces.  At start-up a few of the batches it will publish
+are compared with ``codec.encode_batch``'s bytes and decoded with ``codec.decode_batch`` to exactly
+the samples meant (label sets, timestamps, value bit patterns); any difference stops the bench.
+
+- ``--format-version 2`` (default): the relay's batch windows.  Every ``--window-scrapes`` x
+  ``--interval`` seconds (12 x 5 s = the budget's default ``batch_window_seconds`` of 60 s) each node
+  publishes one v2 batch holding its last ``--window-scrapes`` scrapes, timestamps one interval apart,
+  the newest being the moment the batch is built; nodes spread evenly over the window.  Encoding a
+  window costs ~1.7 us/sample, too much for a generator sharing the machine, but in a v2 body every
+  stream is its own zstd frame and only TIMES depends on when the window was built: the GROUPS and
+  value streams of ``V2_POOL`` windows (values by sorted series position, shared by all nodes) and
+  each node's label streams are taken from ``codec.encode_batch`` output once, and a publish only
+  compresses the new TIMES stream and packs the header (seq, t0, t1): well under 0.01 us/sample.
+- ``--format-version 1``: one v1 batch per node and interval holding one scrape, nodes spread evenly
+  over the interval.  Label sets are packed once per node; per tick only the scrape block (timestamp,
+  one of 8 value columns) is packed and the body compressed, a few tenths of a us per sample, not
+  the encoder's ~5.
+
+A batch bigger than ``--batch-max-bytes`` is split by series, as the relay does (v2: each part keeps
+every scrape of its series).  The sample timestamp of the newest scrape of a batch is the moment the
+batch is built (its "scrape time"; a real relay adds its own scrape, encode and spool time).
 
 Measured over ``--duration`` seconds after ``--warmup``:
 
@@ -23,11 +41,24 @@ Measured over ``--duration`` seconds after ``--warmup``:
 - CPU us/sample: utime + stime from ``/proc/<pid>/stat`` of each replica over the window, divided by
   the samples it wrote (also shown: the receiver's, mosquitto's and the generator's CPU in cores);
 - latency "accepted": the tap (an HTTP proxy in front of the receiver) notes, for every write the
-  receiver answered 2xx, the wall time minus the newest sample timestamp of the batch;
+  receiver answered 2xx, the wall time minus the newest sample timestamp of the batch (the ingester
+  writes one batch per request);
 - latency "queryable": every 0.25 s the receiver is queried for the newest timestamp of a probe series
   of 10 sampled nodes; a new one seen at poll time P counts P - timestamp (an upper bound, 0.25 s
   resolution).  For Prometheus a 2xx means queryable; VictoriaMetrics makes rows searchable up to
   about a second after it accepted them.
+
+Both latencies count from the *newest* sample of a batch, in either format: they measure the cloud
+side (MQTT, decode, remote write, receiver), which is what this bench loads.  With windows (v2) the
+end-to-end latency of a sample also includes up to one window (60 s by default) of batching on the
+edge: the relay holds every scrape until its window closes, so in a generated batch the oldest scrape
+is ``(window-scrapes - 1) x interval`` (55 s) older than the newest.  That wait is set by the
+bandwidth budget, not by the ingester, and would only shift every figure by the same known amount, so
+it is stated next to them rather than mixed in; add it for the age of a window's oldest sample.
+
+The warm-up lasts at least one window, so that the measured span starts after every node's first
+batch has created its series in the receiver; measure a whole number of windows (the default
+``--duration`` of 60 s is one) so that every node publishes equally often in the span.
 """
 
 from __future__ import annotations
@@ -70,7 +101,7 @@ import zstandard  # noqa: E402
 from services import ManagedProcess, Mosquitto, Prometheus, VictoriaMetrics, wait_until  # noqa: E402
 from stack import Program, ingest_config, program  # noqa: E402
 
-from schemas import codec, topics  # noqa: E402
+from schemas import codec, columnar, topics  # noqa: E402
 from schemas.model import Batch, Labels, ScrapeBlock  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -83,6 +114,14 @@ POLL_NODES = 10
 POLL_INTERVAL_S = 0.25
 IDLE_SECONDS = 5.0
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+V2_POOL = 4  # v2: windows of different values pre-encoded per series range, one picked per publish
+TEMPLATE_TS = 1_700_000_000_000  # timestamp of the pre-encoded batches (only TIMES depends on it)
+WIDEST_SEQ = 2**62  # sizes are checked with this seq: msgpack never writes a real seq in more bytes
+# Positions of a v2 body's streams (codec.V2_STREAMS): the ones that depend on the node's label sets,
+# the value streams, and the groups (which depend only on the series and scrape counts).
+V2_GROUPS = codec.V2_STREAMS.index("GROUPS")
+V2_LABELS = slice(codec.V2_STREAMS.index("LMETA"), codec.V2_STREAMS.index("LIDS") + 1)
+V2_VALUES = slice(codec.V2_STREAMS.index("VKIND"), len(codec.V2_STREAMS))
 
 # Kepler / dcgm / node-exporter-like series: (metric, job, port).
 METRICS = [
@@ -202,23 +241,215 @@ class NodeEncoder:
             out.append(codec.MAGIC + bytes((codec.FORMAT_V1,)) + msgpack.packb(header, use_bin_type=True))
         return out
 
-    def check_against_codec(self) -> None:
-        """The fast path must produce what ``codec.encode_batch`` produces for the same batches
-        (needs ``keep=True``)."""
+    def intended(self, tick: int, ts_ms: int) -> list[Batch]:
+        """The batches ``payloads(tick, ts_ms)`` is meant to carry (needs ``keep=True``)."""
         assert self.labelsets, "built without keep=True"
-        ts = 1_700_000_000_000
-        for k, ((lo, hi), payload) in enumerate(zip(self.chunks, self.payloads(3, ts), strict=True)):
+        out = []
+        for k, (lo, hi) in enumerate(self.chunks):
             values = array("d")
-            values.frombytes(self.values[(3 + self._shift) % len(self.values)][8 * lo : 8 * hi])
-            batch = Batch(
-                CLUSTER,
-                self.node,
-                3 * len(self.chunks) + k + 1,
-                self.labelsets[lo:hi],
-                [ScrapeBlock(ts, array("I", range(hi - lo)), values)],
+            values.frombytes(self.values[(tick + self._shift) % len(self.values)][8 * lo : 8 * hi])
+            block = ScrapeBlock(ts_ms, array("I", range(hi - lo)), values)
+            out.append(
+                Batch(CLUSTER, self.node, tick * len(self.chunks) + k + 1, self.labelsets[lo:hi], [block])
             )
-            if payload != codec.encode_batch(batch, self.level):
-                raise SystemExit("generator: fast encoding differs from codec.encode_batch")
+        return out
+
+
+def uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def v2_segments(payload: bytes) -> list[bytes]:
+    """The 15 stream segments of a v2 envelope's body, each as written: uvarint(length) + zstd frame.
+    The streams are compressed one by one (wire-format.md section 3.2), so a body is the plain
+    concatenation of its segments and one segment can be swapped without touching the others."""
+    body: bytes = msgpack.unpackb(payload[len(codec.MAGIC) + 1 :], raw=False)["body"]
+    segments, pos = [], 0
+    while pos < len(body):
+        length, start = read_varint(body, pos)
+        segments.append(body[pos : start + length])
+        pos = start + length
+    if len(segments) != len(codec.V2_STREAMS) or pos != len(body):
+        raise SystemExit("generator: unexpected v2 body layout")
+    return segments
+
+
+def window_values(names: list[str], scrapes: int, rng: random.Random) -> list[array]:
+    """One window of values per series (in the order of ``names``): counters that grow by up to 50 per
+    scrape (3 decimals, like Kepler's joules), GPU power in watts with 2 decimals, integer utilisation
+    and byte gauges; so the columns code as v2's decimal kinds, as nearly all of a relay's do."""
+    out = []
+    for name in names:
+        if name == "DCGM_FI_DEV_POWER_USAGE":
+            vals = [round(rng.uniform(60.0, 300.0), 2) for _ in range(scrapes)]
+        elif name == "DCGM_FI_DEV_GPU_UTIL":
+            vals = [float(rng.randrange(101)) for _ in range(scrapes)]
+        elif name == "node_memory_Active_bytes":
+            base = rng.randrange(1 << 30, 64 << 30)
+            vals = [float(base + rng.randrange(-(1 << 24), 1 << 24)) for _ in range(scrapes)]
+        else:  # counters, the probe series included
+            total = round(rng.uniform(0.0, 1e6), 3)
+            vals = []
+            for _ in range(scrapes):
+                total = round(total + rng.uniform(0.0, 50.0), 3)
+                vals.append(total)
+        out.append(array("d", vals))
+    return out
+
+
+class WindowTemplates:
+    """What every node of a generator shares in v2 mode: ``V2_POOL`` windows of values, and per series
+    range (a node's batch, or part of it) and pool entry the encoded GROUPS and value streams.
+
+    In a v2 body only the label streams depend on the node and only TIMES on when the window was
+    built: GROUPS holds indices into the timestamp table (one group: every series has every scrape),
+    the value streams hold the values in series order (series sorted by label set, which orders every
+    node's series alike).  So these segments are taken once from ``codec.encode_batch`` output and
+    reused by every node, with values assigned by sorted position."""
+
+    def __init__(self, series: int, scrapes: int, interval_ms: int, level: int) -> None:
+        self.scrapes = scrapes
+        self.interval_ms = interval_ms
+        self.level = level
+        names = [dict(labels)["__name__"] for labels in sorted(node_labelsets(node_name(0), series))]
+        rng = random.Random(2)
+        self.values = [window_values(names, scrapes, rng) for _ in range(V2_POOL)]
+        self._shared: dict[tuple[int, int], list[tuple[bytes, bytes]]] = {}
+
+    def times(self, ts_ms: int) -> list[int]:
+        """The window's scrape timestamps, ``interval_ms`` apart, the newest ``ts_ms``."""
+        return [ts_ms - (self.scrapes - 1 - j) * self.interval_ms for j in range(self.scrapes)]
+
+    def batch(self, node: str, labelsets: list[Labels], lo: int, pool: int, seq: int, ts_ms: int) -> Batch:
+        """The batch meant: series ``lo + k`` of the node (sorted) is ``labelsets[k]``."""
+        values = self.values[pool][lo : lo + len(labelsets)]
+        ids = array("I", range(len(labelsets)))
+        blocks = [
+            ScrapeBlock(t, ids, array("d", [v[j] for v in values])) for j, t in enumerate(self.times(ts_ms))
+        ]
+        return Batch(CLUSTER, node, seq, labelsets, blocks)
+
+    def shared(self, node: str, labelsets: list[Labels], lo: int) -> list[tuple[bytes, bytes]]:
+        """Per pool entry: (GROUPS segment, value segments) of series ``lo … lo+len-1``."""
+        key = (lo, len(labelsets))
+        if key not in self._shared:
+            out = []
+            for pool in range(V2_POOL):
+                batch = self.batch(node, labelsets, lo, pool, 1, TEMPLATE_TS)
+                segments = v2_segments(codec.encode_batch(batch, self.level, version=codec.FORMAT_V2))
+                out.append((segments[V2_GROUPS], b"".join(segments[V2_VALUES])))
+            self._shared[key] = out
+        return self._shared[key]
+
+    def label_segment(self, node: str, labelsets: list[Labels]) -> bytes:
+        """The label segments of a batch with ``labelsets``, from a one-scrape batch (cheaper to encode
+        than a window; the label streams do not depend on the samples)."""
+        zeros = array("d", bytes(8 * len(labelsets)))
+        block = ScrapeBlock(TEMPLATE_TS, array("I", range(len(labelsets))), zeros)
+        batch = Batch(CLUSTER, node, 1, labelsets, [block])
+        return b"".join(
+            v2_segments(codec.encode_batch(batch, self.level, version=codec.FORMAT_V2))[V2_LABELS]
+        )
+
+
+class WindowNodeEncoder:
+    """Builds one node's v2 window batches in exactly the bytes of ``codec.encode_batch``, cheaply.
+
+    Per publish only the TIMES stream (a dozen varints, one small zstd frame) and the envelope header
+    (seq, t0, t1) are new; the node's label segments and the shared GROUPS and value segments of one of
+    ``V2_POOL`` windows are concatenated to them.  A window bigger than ``max_bytes`` is split by
+    series into parts that keep every scrape, as the relay's ``BatchEncoder.build_window`` does."""
+
+    def __init__(self, node: str, series: int, max_bytes: int, templates: WindowTemplates) -> None:
+        self.node = node
+        self.series = series
+        self.templates = templates
+        self._shift = zlib.crc32(node.encode())  # so nodes do not all send the same window in a tick
+        self.topic = topics.batch_topic(PREFIX, CLUSTER, node)
+        self._zstd = zstandard.ZstdCompressor(
+            level=templates.level, write_content_size=True, write_checksum=True
+        )
+        labelsets = sorted(node_labelsets(node, series))
+        parts = 1
+        while True:
+            per = -(-series // parts)
+            self.chunks = [(lo, min(lo + per, series)) for lo in range(0, series, per)]
+            self.labels = [templates.label_segment(node, labelsets[lo:hi]) for lo, hi in self.chunks]
+            self.shared = [templates.shared(node, labelsets[lo:hi], lo) for lo, hi in self.chunks]
+            tries = [self.payloads(tick, TEMPLATE_TS, seq=WIDEST_SEQ) for tick in range(V2_POOL)]
+            sizes = [max(len(t[k]) for t in tries) for k in range(len(self.chunks))]
+            if max(sizes) <= max_bytes or parts >= series:
+                break
+            # As the relay: aim for parts of 80% of the cap, at least doubling.
+            parts = max(parts * 2, -(-sum(sizes) * 5 // (4 * max_bytes)))
+
+    def payloads(self, tick: int, ts_ms: int, *, seq: int | None = None) -> list[bytes]:
+        """The batches of publish number ``tick`` (its window ends at ``ts_ms``); ``seq`` overrides
+        every seq (for sizing)."""
+        pool = (tick + self._shift) % V2_POOL
+        times = self.templates.times(ts_ms)
+        frame = self._zstd.compress(bytes(columnar.encode_times(times)))
+        times_segment = uvarint(len(frame)) + frame
+        out = []
+        for k, (lo, hi) in enumerate(self.chunks):
+            groups, values = self.shared[k][pool]
+            header = {
+                "cluster": CLUSTER,
+                "node": self.node,
+                "seq": seq or tick * len(self.chunks) + k + 1,
+                "t0": times[0],
+                "t1": times[-1],
+                "n": (hi - lo) * len(times),
+                "codec": codec.CODEC_V2,
+                "body": b"".join((times_segment, groups, self.labels[k], values)),
+            }
+            out.append(codec.MAGIC + bytes((codec.FORMAT_V2,)) + msgpack.packb(header, use_bin_type=True))
+        return out
+
+    def intended(self, tick: int, ts_ms: int) -> list[Batch]:
+        """The batches ``payloads(tick, ts_ms)`` is meant to carry (label sets rebuilt, so slow)."""
+        labelsets = sorted(node_labelsets(self.node, self.series))
+        pool = (tick + self._shift) % V2_POOL
+        return [
+            self.templates.batch(
+                self.node, labelsets[lo:hi], lo, pool, tick * len(self.chunks) + k + 1, ts_ms
+            )
+            for k, (lo, hi) in enumerate(self.chunks)
+        ]
+
+
+def sample_bits(batch: Batch) -> dict[tuple[Labels, int], int]:
+    """A batch as its set of samples: (label set, timestamp) -> the value's IEEE-754 bit pattern."""
+    out: dict[tuple[Labels, int], int] = {}
+    for block in batch.scrapes:
+        bits = array("Q", array("d", block.values).tobytes())
+        for i, s in enumerate(block.series):
+            key = (batch.labelsets[s], block.sample_timestamp(i))
+            if key in out:
+                raise SystemExit(f"generator: sample {key} twice in one batch")
+            out[key] = bits[i]
+    return out
+
+
+def check_payloads(payloads: list[bytes], batches: list[Batch], level: int, version: int) -> None:
+    """What the generator publishes must be the bytes ``codec.encode_batch`` makes of the batches
+    meant, and decode with ``codec.decode_batch`` to exactly their samples (label sets, timestamps,
+    value bit patterns)."""
+    if len(payloads) != len(batches):
+        raise SystemExit(f"generator: {len(payloads)} payloads for {len(batches)} batches")
+    for payload, batch in zip(payloads, batches, strict=True):
+        if payload != codec.encode_batch(batch, level, version=version):
+            raise SystemExit(f"generator: fast v{version} encoding differs from codec.encode_batch")
+        decoded = codec.decode_batch(payload)
+        if (decoded.cluster, decoded.node, decoded.seq) != (batch.cluster, batch.node, batch.seq):
+            raise SystemExit("generator: published batch decodes to another cluster, node or seq")
+        if sample_bits(decoded) != sample_bits(batch):
+            raise SystemExit("generator: published batch does not decode to the samples meant")
 
 
 def value_pool(series: int, size: int = 8, seed: int = 1) -> list[bytes]:
@@ -236,16 +467,33 @@ def run_generator(spec: dict[str, Any]) -> int:
     progress line per second and a final one with "done": true."""
     nodes: list[int] = spec["nodes"]
     total_nodes: int = spec["total_nodes"]
-    interval: float = spec["interval"]
-    pool = value_pool(spec["series"])
-    encoders = {
-        i: NodeEncoder(
-            node_name(i), spec["series"], spec["max_bytes"], spec["zstd_level"], pool, keep=i == nodes[0]
-        )
-        for i in nodes
-    }
-    encoders[nodes[0]].check_against_codec()
-    batches_per_tick = sum(len(e.chunks) for e in encoders.values())
+    series: int = spec["series"]
+    level: int = spec["zstd_level"]
+    encoders: dict[int, NodeEncoder | WindowNodeEncoder]
+    if spec["format_version"] == 1:
+        period = spec["interval"]  # one scrape per batch, one batch per node and interval
+        per_publish = series
+        pool = value_pool(series)
+        v1 = {
+            i: NodeEncoder(node_name(i), series, spec["max_bytes"], level, pool, keep=i == nodes[0])
+            for i in nodes
+        }
+        ts = TEMPLATE_TS
+        check_payloads(v1[nodes[0]].payloads(3, ts), v1[nodes[0]].intended(3, ts), level, codec.FORMAT_V1)
+        encoders = dict(v1)
+    else:
+        scrapes: int = spec["window_scrapes"]
+        interval_ms = round(spec["interval"] * 1000)
+        period = scrapes * spec["interval"]  # one window of scrapes per batch
+        per_publish = series * scrapes
+        templates = WindowTemplates(series, scrapes, interval_ms, level)
+        v2 = {i: WindowNodeEncoder(node_name(i), series, spec["max_bytes"], templates) for i in nodes}
+        for i in dict.fromkeys((nodes[0], nodes[-1])):  # every pool entry of two nodes
+            for tick in range(V2_POOL):
+                ts = TEMPLATE_TS + 4321 + tick * scrapes * interval_ms
+                check_payloads(v2[i].payloads(tick, ts), v2[i].intended(tick, ts), level, codec.FORMAT_V2)
+        encoders = dict(v2)
+    batches_per_period = sum(len(e.chunks) for e in encoders.values())
 
     client = mqtt.Client(
         callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
@@ -260,7 +508,7 @@ def run_generator(spec: dict[str, Any]) -> int:
     client.loop_start()
     if not connected.wait(10):
         raise SystemExit("generator: no CONNACK from the broker")
-    print(json.dumps({"ready": True, "batches_per_tick": batches_per_tick}), flush=True)
+    print(json.dumps({"ready": True, "batches_per_period": batches_per_period}), flush=True)
     go = sys.stdin.readline().split()
     start = float(go[1])
     end = start + spec["run_seconds"]
@@ -269,14 +517,29 @@ def run_generator(spec: dict[str, Any]) -> int:
     lag_max = 0.0
     infos: list[mqtt.MQTTMessageInfo] = []
     next_report = time.time() + 1.0
+
+    def progress() -> None:
+        nonlocal next_report, infos
+        print(json.dumps({"t": time.time(), "samples": samples}), flush=True)
+        next_report += 1.0
+        infos = [m for m in infos if not m.is_published()]
+
     tick = 0
-    while start + tick * interval < end:
-        base = start + tick * interval
+    while start + tick * period < end:
+        base = start + tick * period
         for i in nodes:
-            due = base + interval * i / total_nodes
+            due = base + period * i / total_nodes
+            if due >= end:
+                break
             now = time.time()
             if now < due:
-                time.sleep(due - now)
+                # Progress lines go on while waiting: with windows, publishes can be seconds apart.
+                while now < due:
+                    if now >= next_report:
+                        progress()
+                    else:
+                        time.sleep(min(due, next_report) - now)
+                    now = time.time()
             else:
                 late += int(now - due > 0.05)
                 lag_max = max(lag_max, now - due)
@@ -286,11 +549,9 @@ def run_generator(spec: dict[str, Any]) -> int:
                 infos.append(client.publish(enc.topic, payload, qos=1))
                 payload_bytes += len(payload)
             published += len(enc.chunks)
-            samples += spec["series"]
+            samples += per_publish
             if time.time() >= next_report:
-                print(json.dumps({"t": time.time(), "samples": samples}), flush=True)
-                next_report += 1.0
-                infos = [m for m in infos if not m.is_published()]
+                progress()
         tick += 1
     deadline = time.time() + 30
     for info in infos:
@@ -359,7 +620,8 @@ def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
 
 def first_series_node_and_newest_ts(body: bytes) -> tuple[str, int] | None:
     """(node label, newest sample timestamp) of the first TimeSeries of a snappy'd WriteRequest: the
-    ingester writes one batch (one node, one scrape) per request, so that is the request's."""
+    ingester writes one batch (one node) per request, and every series of a generated batch has a
+    sample of every scrape of the batch (v2: of the window), so that is the request's."""
     raw = bytes(cramjam.snappy.decompress_raw(body))
     if not raw or raw[0] != 0x0A:
         return None
@@ -510,14 +772,14 @@ class Generator:
     progress: list[tuple[float, int]] = field(default_factory=list)
     final: dict[str, Any] = field(default_factory=dict)
     ready: threading.Event = field(default_factory=threading.Event)
-    batches_per_tick: int = 0
+    batches_per_period: int = 0
 
     def read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
             msg = json.loads(line)
             if msg.get("ready"):
-                self.batches_per_tick = msg["batches_per_tick"]
+                self.batches_per_period = msg["batches_per_period"]
                 self.ready.set()
             elif msg.get("done"):
                 self.final = msg
@@ -561,6 +823,7 @@ class Row:
     receiver_cores: float
     broker_cores: float
     generator_cores: float
+    generator_bytes: float  # wire bytes per sample the generator published (whole run)
     backlog_growth: float  # samples/s by which published - written grew in the window
     notes: list[str]
 
@@ -609,8 +872,22 @@ def publish_probe_status(broker: Mosquitto) -> None:
     client.loop_stop()
 
 
+def period(args: argparse.Namespace) -> float:
+    """Seconds between two publishes of one node: a scrape interval (v1) or a window of them (v2)."""
+    return args.interval * (args.window_scrapes if args.format_version == 2 else 1)
+
+
+def wire_text(args: argparse.Namespace) -> str:
+    if args.format_version == 1:
+        return "wire format v1, one scrape per batch"
+    return (
+        f"wire format v2, windows of {args.window_scrapes} scrapes (one batch per node every "
+        f"{period(args):g} s)"
+    )
+
+
 def run_config(args: argparse.Namespace, kind: str, replicas: int, workdir: Path) -> Row:
-    load = f"{args.nodes} nodes x {args.series} series every {args.interval:g} s"
+    load = f"{args.nodes} nodes x {args.series} series every {args.interval:g} s, {wire_text(args)}"
     log(f"== {kind}, {replicas} replica(s): {load}")
     stack = contextlib.ExitStack()
     with stack:
@@ -681,6 +958,8 @@ def run_config(args: argparse.Namespace, kind: str, replicas: int, workdir: Path
                 "run_seconds": run_seconds,
                 "max_bytes": args.batch_max_bytes,
                 "zstd_level": args.zstd_level,
+                "format_version": args.format_version,
+                "window_scrapes": args.window_scrapes,
             }
             glog = (workdir / f"generator-{p}.log").open("w")
             proc = subprocess.Popen(
@@ -710,8 +989,8 @@ def run_config(args: argparse.Namespace, kind: str, replicas: int, workdir: Path
             assert gen.proc.stdin is not None
             gen.proc.stdin.write(f"go {start}\n")
             gen.proc.stdin.flush()
-        batches_per_tick = sum(g.batches_per_tick for g in gens)
-        log(f"generating {batches_per_tick} batches per {args.interval:g} s; warm-up {args.warmup:g} s")
+        batches = sum(g.batches_per_period for g in gens)
+        log(f"generating {batches} batches per {period(args):g} s; warm-up {args.warmup:g} s")
 
         poll_nodes = [
             node_name(round(k * args.nodes / POLL_NODES)) for k in range(min(POLL_NODES, args.nodes))
@@ -768,6 +1047,7 @@ def run_config(args: argparse.Namespace, kind: str, replicas: int, workdir: Path
         (c - idle * span) / (w * span) * 1e6 if w > 0 else math.nan
         for c, idle, w in zip(cpu, idle_cores, written, strict=True)
     ]
+    sent = [(g.final.get("payload_bytes", 0), g.final.get("samples", 0)) for g in gens]
     backlog_a = a.published - sum(a.written)
     backlog_b = b.published - sum(b.written)
     accepted = [at - ts / 1000 for at, _, ts in (tap.records if tap else []) if a.wall <= at <= b.wall]
@@ -787,6 +1067,7 @@ def run_config(args: argparse.Namespace, kind: str, replicas: int, workdir: Path
         receiver_cores=(b.receiver_cpu - a.receiver_cpu) / span,
         broker_cores=(b.broker_cpu - a.broker_cpu) / span,
         generator_cores=(b.generator_cpu - a.generator_cpu) / span,
+        generator_bytes=sum(x for x, _ in sent) / max(1, sum(n for _, n in sent)),
         backlog_growth=(backlog_b - backlog_a) / span,
         notes=notes,
     )
@@ -824,7 +1105,7 @@ def report(args: argparse.Namespace, rows: list[Row]) -> str:
         "",
         f"{args.nodes} nodes x {args.series} series every {args.interval:g} s "
         f"(offered {args.nodes * args.series / args.interval:,.0f} samples/s), warm-up {args.warmup:g} s, "
-        f"measured {args.duration:g} s; {args.workers} worker threads per ingester; "
+        f"measured {args.duration:g} s; {wire_text(args)}; {args.workers} worker threads per ingester; "
         f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}.",
         "",
         "| receiver | replicas | published samples/s | written samples/s | per ingester process samples/s "
@@ -843,6 +1124,12 @@ def report(args: argparse.Namespace, rows: list[Row]) -> str:
             f"| {r.receiver_cores:.2f} / {r.broker_cores:.2f} / {r.generator_cores:.2f} |"
         )
     lines += ["", "Scaling and goals:", ""]
+    if args.format_version == 2:
+        lines.append(
+            f"- latencies count from the newest sample of each batch (the moment its window was built); "
+            f"end to end, a sample also waits up to one window ({period(args):g} s) on the edge: here the "
+            f"oldest scrape of a batch is {period(args) - args.interval:g} s older than the newest"
+        )
     for kind in dict.fromkeys(r.receiver for r in rows):
         by_n = {r.replicas: r for r in rows if r.receiver == kind}
         if 1 in by_n and 2 in by_n and by_n[1].total > 0:
@@ -887,6 +1174,12 @@ def report(args: argparse.Namespace, rows: list[Row]) -> str:
                 f"{'n/a (no tap)' if math.isnan(accepted) else f'{accepted:.3f} s'} (goal under 1 s below "
                 f"saturation: {goal})"
             )
+        gen_us = r.generator_cores / r.published * 1e6 if r.published > 0 else math.nan
+        lines.append(
+            f"{who}: generator {r.generator_bytes:.2f} wire bytes/sample, "
+            f"{'n/a' if math.isnan(gen_us) else f'{gen_us:.2f}'} us CPU per published sample "
+            f"({r.generator_cores:.3f} cores)"
+        )
         for note in r.notes:
             lines.append(f"{who}: {note}")
     return "\n".join(lines) + "\n"
@@ -899,9 +1192,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nodes", type=int, default=500, help="simulated edge nodes (default 500)")
     parser.add_argument("--series", type=int, default=2000, help="series per node (default 2000)")
     parser.add_argument("--interval", type=float, default=5.0, help="scrape interval, s (default 5)")
+    parser.add_argument(
+        "--format-version",
+        type=int,
+        choices=[1, 2],
+        default=2,
+        help="wire format: 2 = columnar windows (default), 1 = one scrape per batch",
+    )
+    parser.add_argument(
+        "--window-scrapes",
+        type=int,
+        default=None,
+        help="v2 only: scrapes per batch, one batch per node every N intervals (default 12: the "
+        "relay's 60 s batch_window_seconds at 5 s)",
+    )
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds (default 60)")
     parser.add_argument(
-        "--warmup", type=float, default=None, help="seconds before measuring (default 3 intervals + 5)"
+        "--warmup",
+        type=float,
+        default=None,
+        help="seconds before measuring (default 3 intervals or one window, whichever is longer, + 5)",
     )
     parser.add_argument(
         "--replicas", type=int, nargs="+", default=[1, 2], help="replica counts to run (default 1 2)"
@@ -932,8 +1242,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.generator is not None:
         return run_generator(json.loads(args.generator))
+    if args.format_version == 1 and args.window_scrapes is not None:
+        parser.error("--window-scrapes needs --format-version 2")
+    if args.window_scrapes is None:
+        args.window_scrapes = 12
+    if args.window_scrapes < 1:
+        parser.error("--window-scrapes must be at least 1")
     if args.warmup is None:
-        args.warmup = 3 * args.interval + 5
+        args.warmup = max(3 * args.interval, period(args)) + 5
     keep = args.keep or args.workdir is not None
     base = args.workdir or Path(tempfile.mkdtemp(prefix="ingest-load-"))
     base.mkdir(parents=True, exist_ok=True)

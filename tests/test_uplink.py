@@ -1051,8 +1051,8 @@ def test_budget_paces_the_connection_and_counts_every_byte(
     total_payload = sum(len(r.payload) for r in spool.pending(100))
     rate, burst = 8000.0, 12000.0
     proxy = BlackholeProxy(mosquitto.port)
+    uplink = make_uplink(mqtt_cfg(proxy.port, status_interval_seconds=2.0), spool, start=False)
     try:
-        uplink = make_uplink(mqtt_cfg(proxy.port, status_interval_seconds=2.0), spool, start=False)
         uplink.set_budget(rate, burst)
         started = time.monotonic()
         uplink.start()
@@ -1080,4 +1080,5 @@ def test_budget_paces_the_connection_and_counts_every_byte(
         assert metric(uplink.metrics, "edge_relay_wire_bytes_total", direction="sent") >= total_payload
         assert uplink.paced_seconds > 0
     finally:
+        uplink.stop(0)  # started by hand (after set_budget), so the fixture does not stop it
         proxy.close()

@@ -847,7 +847,9 @@ def test_retry_warnings_are_rate_limited(
     )
     with caplog.at_level(logging.DEBUG, logger="cloud_ingest.write"):
         assert client.write(special_batch()).status == "written"
-    retry_logs = [r for r in caplog.records if "retrying in" in r.getMessage()]
+    retry_logs = [
+        r for r in caplog.records if r.name == "cloud_ingest.write" and "retrying in" in r.getMessage()
+    ]
     assert len(retry_logs) == 8  # every retry is logged ...
     warnings = [r for r in retry_logs if r.levelno == logging.WARNING]
     # ... but only one WARNING per 10 s: at t=0, 12 and 24 (retries every 4 s).

@@ -962,7 +962,7 @@ def fmt_backlog(b: SpoolBacklog | None, at_wall: float) -> str:
     text = f"{b.rows:,} batches, {b.bytes:,} B, {b.samples:,} samples"
     if b.staged_rows:
         text += (
-            f"; open batch window: {b.staged_rows} scrapes, {b.staged_bytes:,} B, "
+            f"; open batch window: {b.staged_rows} scrapes, {b.staged_bytes:,} B staged, "
             f"{b.staged_samples:,} samples"
         )
     if b.oldest_ms is not None:
@@ -985,8 +985,9 @@ def budget_report(
     whole = wire_check(r.wire, r.t0, r.t_drained, rate, burst)
     wall_end = r.t0_wall + (r.t_end - r.t0)
     full = plan["total"]["full_bytes_per_second"] if plan else None
-    last5 = max(r.t0, r.t_end - 300)
-    tail_rate = (bytes_at(r.wire, r.t_end) - bytes_at(r.wire, last5)) / max(1e-9, r.t_end - last5)
+    tail_start = max(r.t0, r.t_end - 300)
+    tail_rate = (bytes_at(r.wire, r.t_end) - bytes_at(r.wire, tail_start)) / max(1e-9, r.t_end - tail_start)
+    tail = f"{(r.t_end - tail_start) / 60:.0f} min"
     f = r.final
     relay_wire = metric_sum(f, "edge_relay_wire_bytes_total")
     relay_wire_at_end = bytes_at(r.wire, r.t_end)
@@ -994,7 +995,7 @@ def budget_report(
     complete = c.missing == 0 and c.value_mismatches == 0 and c.extra == 0 and c.expected > 0
     crit_text = (
         f"**{'yes' if complete else 'NO'}**: {c.delivered:,} of {c.expected:,} served samples "
-        f"({r.critical_series} series x {r.critical_scrapes} scrapes) at their scrape's timestamp, "
+        f"(in {r.critical_series} label sets, {r.critical_scrapes} scrapes) at their scrape's timestamp, "
         f"{c.missing:,} missing, {c.value_mismatches:,} values differ, {c.extra:,} extra"
     )
     ledger = ", ".join(f"{k} {v:,}" for k, v in sorted(r.ledger.items())) or "empty"
@@ -1021,7 +1022,7 @@ def budget_report(
             f"{run.max_excess:,.0f} B, +{mmss(run.excess_span[0])} to +{mmss(run.excess_span[1])} "
             f"({run.max_excess / burst:.2f} x burst)",
         ],
-        ["wire rate over the last 5 min", f"{tail_rate:,.1f} B/s ({tail_rate / rate:.2f} x rate)"],
+        [f"wire rate over the last {tail}", f"{tail_rate:,.1f} B/s ({tail_rate / rate:.2f} x rate)"],
         [
             "paced (batches waited for the budget)",
             f"{metric_sum(f, 'edge_relay_budget_paced_seconds_total'):,.0f} s",
@@ -1055,10 +1056,12 @@ def budget_report(
             ]
         )
     timeline = []
-    minutes = math.ceil((r.t_end - r.t0) / 60 - 1e-6)
-    for i in range(1, minutes + 1):
-        t = min(r.t0 + 60 * i, r.t_end)
-        total, before = bytes_at(r.wire, t), bytes_at(r.wire, r.t0 + 60 * (i - 1))
+    marks = [r.t0 + 60 * i for i in range(1, int((r.t_end - r.t0) // 60) + 1)]
+    if not marks or r.t_end - marks[-1] > 5:
+        marks.append(r.t_end)
+    for i, t in enumerate(marks):
+        start = r.t0 + 60 * i
+        total, before = bytes_at(r.wire, t), bytes_at(r.wire, start)
         m = next((m for at, m in r.snapshots if at >= t - 0.5), r.final)
         timeline.append(
             [
@@ -1066,7 +1069,7 @@ def budget_report(
                 f"{total:,}",
                 f"{burst + rate * (t - r.t0):,.0f}",
                 f"{total / (burst + rate * (t - r.t0)):.3f}",
-                f"{(total - before) / (t - (r.t0 + 60 * (i - 1))):,.0f}",
+                f"{(total - before) / (t - start):,.0f}",
                 f"{metric_sum(m, 'edge_relay_spool_rows'):,.0f} / "
                 f"{metric_sum(m, 'edge_relay_spool_bytes'):,.0f}",
                 f"{metric_sum(m, 'edge_relay_spool_oldest_sample_age_seconds'):,.0f}",
@@ -1076,7 +1079,7 @@ def budget_report(
                 ),
             ]
         )
-    observations = budget_observations(args, r, run, whole, tail_rate)
+    observations = budget_observations(args, r, run, whole, full)
     fmt = overrides.get("batch__format_version")
     relay = [
         f"`batch.format_version: {fmt}`" if fmt is not None else "batch format: the relay's default",
@@ -1143,7 +1146,7 @@ def budget_report(
                 "ratio",
                 "B/s in the minute",
                 "spool batches / bytes",
-                "oldest sample s",
+                "oldest unsent sample s",
                 *(f"{cls['name']} res s" for cls in BUDGET_CLASSES),
             ],
             timeline,
@@ -1160,7 +1163,7 @@ def budget_report(
 
 
 def budget_observations(
-    args: argparse.Namespace, r: BudgetRun, run: WireCheck, whole: WireCheck, tail_rate: float
+    args: argparse.Namespace, r: BudgetRun, run: WireCheck, whole: WireCheck, plan_full: float | None
 ) -> list[str]:
     """What a reader should not miss, derived from the numbers (no judgement beyond them)."""
     rate, burst = args.budget_bps, BUDGET_BURST_SECONDS * args.budget_bps
@@ -1176,9 +1179,14 @@ def budget_observations(
             f"(worst {run.worst_ratio:.3f}; {whole.worst_ratio:.3f} including the drain)"
         )
     if whole.max_excess > burst:
+        # The controller's bound: burst + one batch (a batch is capped as the note below says, plus its
+        # MQTT framing).
+        bound = burst + max(4096, burst - 512) + 512
         out.append(
-            f"over some interval the wire carried {whole.max_excess:,.0f} B more than rate x length, above "
-            f"the {burst:,} B burst (the controller's bound is burst + one batch)"
+            f"over some interval (drain included) the wire carried {whole.max_excess:,.0f} B more than "
+            f"rate x length: above the {burst:,} B burst, "
+            + ("within" if whole.max_excess <= bound else "**beyond**")
+            + f" burst + one batch (~{bound:,} B), the controller's documented bound"
         )
     restores = sum(
         class_value(r.final, "edge_relay_budget_degrade_steps_total", c["name"], direction="restore")
@@ -1206,7 +1214,22 @@ def budget_observations(
             f"spool backlog over the last {span / 60:.0f} min: {spool[0][1]:,.0f} -> {spool[-1][1]:,.0f} B "
             f"({growth / span * 60:+,.0f} B/min)" + ("; still growing at the end" if growth > 0 else "")
         )
-    out.append(f"wire rate over the last 5 min: {tail_rate / rate:.2f} x the sustained rate")
+    demands = [int(d) for d in re.findall(r"\(demand (\d+) B/s", "\n".join(r.steps))]
+    if demands and plan_full:
+        out.append(
+            f"demand the controller measured at its first step: {demands[0]:,} B/s, "
+            f"{demands[0] / plan_full:.1f}x the plan's full-resolution estimate ({plan_full:,.0f} B/s); "
+            f"at its last: {demands[-1]:,} B/s ({demands[-1] / rate:.1f}x the budget)"
+        )
+    published = metric_sum(r.final, "edge_relay_batches_published_total")
+    payload = metric_sum(r.final, "edge_relay_publish_payload_bytes_total")
+    if published:
+        out.append(
+            f"{published:,.0f} batches published in the run, {payload / published:,.0f} B of payload each: "
+            f"the relay caps a batch at {max(4096, burst - 512):,} B (burst - 512, at least 4 KiB: the pacer "
+            "sends a batch only when the bucket holds all of it), so a batch window that encodes to more is "
+            "split by series"
+        )
     return out
 
 
@@ -1259,8 +1282,9 @@ def main() -> int:
     ap.add_argument(
         "--drain-seconds",
         type=float,
-        default=900.0,
-        help="budget scenario: the relay's --drain-seconds when it is stopped at the end (default 900)",
+        default=3600.0,
+        help="budget scenario: the relay's --drain-seconds when it is stopped at the end; the drain is "
+        "paced by the budget too (default 3600)",
     )
     ap.add_argument("--workdir", help="working directory (default: a new temporary one)")
     ap.add_argument("--keep", action="store_true", help="keep the working directory")

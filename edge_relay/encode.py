@@ -172,23 +172,27 @@ class BatchEncoder:
         return payload
 
     def build_window(self, scrapes: Sequence[ShapedScrape]) -> list[Batch]:
-        """One batch for every scrape of a window; split by series when it would exceed ``max_bytes``."""
+        """One batch for every scrape of a window; a batch over ``max_bytes`` is cut in two by series
+        (each half keeps every scrape of its series), and only the halves still too big are cut again:
+        series compress very differently (counters as short decimals vs full-precision floats), so
+        equal series counts would not give equal sizes, and re-encoding what already fits is waste."""
         scrapes = [s for s in scrapes if len(s)]
         if not scrapes:
             return []
-        parts = 1
-        while True:
-            # One part (the usual case) needs no regrouping.
-            groups = [scrapes] if parts == 1 else _series_parts(scrapes, parts)
-            batches = [to_batch(self.cluster, self.node, g) for g in groups]
-            sizes = [len(self.encode(b, WIDEST_SEQ)) for b in batches]
-            if max(sizes) <= self.max_bytes:
-                return batches
-            if all(len(b.labelsets) <= 1 for b in batches):
-                # One series' window alone is too big (a huge label set): fall back to cutting by scrape.
-                return self.build(scrapes)
-            # Aim for parts of 80% of the cap from the measured size, at least doubling.
-            parts = max(parts * 2, -(-sum(sizes) * 5 // (4 * self.max_bytes)))
+        done: list[Batch] = []
+        todo: list[list[ShapedScrape]] = [scrapes]
+        while todo:
+            group = todo.pop()
+            batch = to_batch(self.cluster, self.node, group)
+            if len(self.encode(batch, WIDEST_SEQ)) <= self.max_bytes:
+                done.append(batch)
+            elif len(batch.labelsets) > 1:
+                first, second = _series_parts(group, 2)
+                todo += [second, first]  # popped first-half first: batches stay in series order
+            else:
+                # One series' window alone is too big (a huge label set): cut it by scrape instead.
+                done += self.build(group)
+        return done
 
     def build(self, scrapes: Sequence[ShapedScrape]) -> list[Batch]:
         """Batches, each of which encodes to at most ``max_bytes``."""

@@ -91,7 +91,7 @@ def test_edge_relay_check_config_example() -> None:
     assert "3 target(s)" in last and "edge-gpu-01" in last and "factory-north" in last
     shown = yaml.safe_load(r.stdout)
     assert shown["scrape"]["interval_seconds"] == 5
-    assert shown["batch"]["max_bytes"] == 196_608  # defaults filled in
+    assert shown["batch"]["max_bytes"] == 1_000_000  # defaults filled in
     assert "tls" not in shown["mqtt"]
 
 

@@ -145,7 +145,7 @@ def test_edge_minimal_config_gets_every_default(tmp_path: Path) -> None:
     assert s.sample_limit == 200_000
     assert s.spool_synchronous == "FULL"
     assert s.spool_max_bytes == 0
-    assert s.batch_max_bytes == 196_608
+    assert s.batch_max_bytes == 1_000_000
     assert s.zstd_level == 3
     m = s.mqtt
     assert (m.host, m.port, m.protocol) == ("127.0.0.1", 1883, "auto")

@@ -1030,8 +1030,9 @@ def budget_report(
         ["spool backlog at the end of the run", fmt_backlog(r.backlog_end, wall_end)],
         [
             "drain (SIGTERM to exit)",
-            f"{r.t_drained - r.t_end:.0f} s, {whole.total - run.total:,} B; ratio incl. the drain "
-            f"{whole.ratio:.3f}, worst {whole.worst_ratio:.3f}",
+            f"{r.t_drained - r.t_end:.0f} s, {whole.total - run.total:,} B "
+            f"({(whole.total - run.total) / max(1e-9, r.t_drained - r.t_end):,.0f} B/s); "
+            f"ratio incl. the drain {whole.ratio:.3f}, worst {whole.worst_ratio:.3f}",
         ],
         ["spool after the drain", fmt_backlog(r.backlog_after, r.t0_wall + (r.t_drained - r.t0))],
         ["critical class complete at full resolution in Prometheus", crit_text],

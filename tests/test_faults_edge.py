@@ -621,10 +621,13 @@ def test_spool_on_full_filesystem_keeps_running_and_recovers(
 
 
 def _blocks_by_job(batch: Batch) -> set[tuple[str, int]]:
+    """(job, scrape timestamp) of every scrape in the batch. From the samples, not the blocks: a v2
+    batch decodes to one block per distinct timestamp, so two targets scraped in the same millisecond
+    share a block."""
     out = set()
     for block in batch.scrapes:
-        labels = dict(batch.labelsets[block.series[0]])
-        out.add((labels["job"], block.timestamp_ms))
+        for i, idx in enumerate(block.series):
+            out.add((dict(batch.labelsets[idx])["job"], block.sample_timestamp(i)))
     return out
 
 
@@ -689,7 +692,7 @@ def test_corrupt_spool_row_is_quarantined_and_the_rest_delivered(
     assert log.count("edge relay test/edge-gpu-01") == 2, "the relay restarted by itself"
     check_clean(verdict)
     assert not verdict.unmatched, f"scrapes lost besides the quarantined row: {verdict.unmatched[:8]}"
-    assert len(verdict.absent) == len(original.scrapes)
+    assert len(verdict.absent) == len(_blocks_by_job(original))
     # The oracle agrees with the quarantined payload: those are exactly the samples missing.
     lost = _expected(edge, [r for r, _ in verdict.absent])
     stamp = {(r.exporter, r.t_ms): t for r, t in verdict.absent}

@@ -823,6 +823,26 @@ def controller_steps(ours: Ours, t0_wall: float) -> list[str]:
     return out
 
 
+def code_version() -> str:
+    """HEAD's commit and whether the product's code differs from it (what the relay ran)."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "edge_relay", "schemas", "relay_common"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (no git)"
+    return f"commit {head or '?'}" + (", with uncommitted changes in the product's code" if dirty else "")
+
+
 def mmss(seconds: float) -> str:
     seconds = max(0, round(seconds))
     return f"{seconds // 60}:{seconds % 60:02d}"
@@ -830,6 +850,7 @@ def mmss(seconds: float) -> str:
 
 def run_budget(args: argparse.Namespace) -> str:
     rate = args.budget_bps
+    version = code_version()  # before anything starts: the relay imports the code as it is now
     with workspace(args.workdir, args.keep, "budget-bench-") as work:
         (work / "simulator").mkdir(parents=True, exist_ok=True)
         sim = SimulatorProcess(
@@ -869,6 +890,7 @@ def run_budget(args: argparse.Namespace) -> str:
             receiver = Prometheus(work / "ours" / "receiver")
             attach(ours, sim, receiver)
             result = budget_run(args, ours, receiver)
+            result.notes.append(f"code: {version}")
             return budget_report(args, result, budget, command, plan_text, plan, overrides, warnings)
         finally:
             if ours is not None:

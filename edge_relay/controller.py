@@ -10,10 +10,11 @@ Two mechanisms, one hard and one adaptive:
   the spool over the last two batch windows, times the measured wire/payload overhead) with the allowed
   rate. Above 90%, or with a backlog that keeps growing, it doubles the resolution of the lowest-priority
   class that may still degrade (the last class first; a class whose ``degrade.max_resolution_seconds``
-  is not above its resolution, the critical class, never degrades). Below 60%, with no backlog, it
-  restores the most important degraded class first, but only when the restored demand (estimated from
-  that class's share of the samples) stays below 80%. After a step it waits two batch windows (at least
-  three intervals) for the effect to show before the next one.
+  is not above its resolution, the critical class, never degrades); far over, it takes up to four such
+  steps at once, while the demand it predicts from the classes' shares of the samples is still over.
+  Below 60%, with no backlog, it restores the most important degraded class first, but only when the
+  restored demand (estimated from that class's share of the samples) stays below 80%. After a step it
+  waits two batch windows (at least three intervals) for the effect to show before the next one.
 
 The allowed rate is the budget's rate for the time window in force, lowered by a daily quota to what is
 left of it spread over the rest of the day. Quota use is the connection's bytes since local midnight of
@@ -43,6 +44,7 @@ RESTORE_TARGET = 0.8
 # Per MQTT message: topic, framing and PUBACK, our ack message back; used until overhead is measured.
 DEFAULT_OVERHEAD = 1.05
 QUOTA_SAVE_EVERY_S = 60.0
+MAX_STEPS_AT_ONCE = 4
 
 
 class Controller:
@@ -183,13 +185,30 @@ class Controller:
     def _step(self, direction: int) -> bool:
         classes = self.budget.classes
         shaper = self.shaper
-        if direction > 0:
-            for i in reversed(range(len(classes))):
-                c = classes[i]
-                if c.degradable and shaper.resolution_s(i) < c.max_resolution_s:
-                    return self._set(i, shaper.level(i) + 1, "degrade")
-            return False
         shares = self._out_shares()
+        if direction > 0:
+            # Far over the budget, one step per hold would take many windows (the backlog grows
+            # meanwhile): take steps, lowest class first, until the demand they predict fits, up to
+            # MAX_STEPS_AT_ONCE. Halving a class's samples is assumed to halve its share of the bytes
+            # (optimistic: its label table stays), so the next decision corrects what is left.
+            predicted, steps = self.demand, 0
+            while steps < MAX_STEPS_AT_ONCE and (steps == 0 or predicted > DEGRADE_ABOVE * self.rate):
+                i = next(
+                    (
+                        j
+                        for j in reversed(range(len(classes)))
+                        if classes[j].degradable and shaper.resolution_s(j) < classes[j].max_resolution_s
+                    ),
+                    None,
+                )
+                if i is None:
+                    break
+                self._set(i, shaper.level(i) + 1, "degrade")
+                cut = shares[i] / 2
+                predicted *= 1 - cut
+                shares = [(x if j != i else x / 2) / (1 - cut) for j, x in enumerate(shares)]
+                steps += 1
+            return steps > 0
         for i in range(len(classes)):
             level = shaper.level(i)
             if level > 0:

@@ -99,18 +99,22 @@ class Rig:
             self.controller.tick(backlog)
 
 
-def test_over_budget_degrades_lowest_class_first_one_step_per_hold(tmp_path: Path) -> None:
+def test_slightly_over_budget_takes_one_step_on_the_lowest_class(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, budget(10_000))
+    rig.run(25, 9_500)  # over 90%; one step on `rest` (a third of the samples) predicts 7,917: enough
+    assert rig.shaper.levels == {2: 1}
+    assert rig.controller.state == "degraded"
+
+
+def test_far_over_budget_steps_lowest_class_first_several_at_once(tmp_path: Path) -> None:
     rig = Rig(tmp_path, budget(10_000))
     rig.run(25, 20_000)  # the first hold period (2 batch windows = 20 s) has passed once
-    assert rig.shaper.levels == {2: 1}
+    # rest 5 s -> 10 -> 20 -> 40 (its max), then kepler once: four steps, the most at once
+    assert rig.shaper.levels == {2: 3, 1: 1}
     rig.run(20, 20_000)
-    assert rig.shaper.levels == {2: 2}
-    rig.run(20, 20_000)
-    assert rig.shaper.levels == {2: 3}  # rest: 5 s -> 40 s, its max
-    rig.run(20, 20_000)
-    assert rig.shaper.levels == {2: 3, 1: 1}  # then kepler
+    assert rig.shaper.levels == {2: 3, 1: 2}  # kepler at its max 20 s
     rig.run(100, 20_000)
-    assert rig.shaper.levels == {2: 3, 1: 2}  # kepler at its max 20 s; critical never
+    assert rig.shaper.levels == {2: 3, 1: 2}  # critical never
     assert rig.shaper.level(0) == 0
     assert rig.controller.state == "degraded"
     value = rig.metrics.registry.get_sample_value

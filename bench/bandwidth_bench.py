@@ -4,6 +4,7 @@ vmagent side by side on the same workload.  Not a test: it prints a markdown tab
 
     python bench/bandwidth_bench.py                              # 2000 series, 5 s, 10 min measured
     python bench/bandwidth_bench.py --series 500 --minutes 1     # quick check (~4 min)
+    python bench/bandwidth_bench.py --budget-scenario            # ours alone under a too-small budget
 
 One simulator serves all of them the same payloads; each one's uplink goes through a byte-counting
 TCP proxy (``CutProxy``, never cut here) and each writes to a receiver of its own behind a tap:

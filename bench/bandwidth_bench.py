@@ -596,7 +596,6 @@ def report(
 
 # --budget-scenario: our stack alone, with a budget too small for its classes, so that the relay's
 # controller has to degrade them (see bench/README.md, "Budget scenario").
-BUDGET_BURST_SECONDS = 20  # burst_bytes = 20 x the sustained rate
 BUDGET_CLASSES: list[dict[str, Any]] = [
     {"name": "critical", "preset": "dcgm-critical"},  # no `degrade`: never coarsened
     {
@@ -869,10 +868,13 @@ def run_budget(args: argparse.Namespace) -> str:
             budget = write_budget(
                 work / "budget.yaml",
                 bytes_per_second=rate,
-                burst_bytes=BUDGET_BURST_SECONDS * rate,
+                burst_bytes=args.budget_burst or None,
                 batch_window_seconds=args.batch_window,
                 classes=BUDGET_CLASSES,
             )
+            from edge_relay.budget import load as load_budget
+
+            args.burst = load_budget(budget).uplink.burst_bytes  # the file's default if not given
             overrides, warnings = relay_overrides(args, work, sim.urls, budget)
             if "budget_file" not in overrides:
                 raise RuntimeError("the relay refuses the budget file: " + " ".join(warnings))
@@ -900,7 +902,7 @@ def run_budget(args: argparse.Namespace) -> str:
 
 
 def budget_run(args: argparse.Namespace, ours: Ours, receiver: Prometheus) -> BudgetRun:
-    rate, burst = args.budget_bps, BUDGET_BURST_SECONDS * args.budget_bps
+    rate, burst = args.budget_bps, args.burst
     t0_wall = time.time()
     ours.start_edge()
     t0 = time.monotonic()
@@ -1003,7 +1005,7 @@ def budget_report(
     overrides: dict[str, Any],
     warnings: list[str],
 ) -> str:
-    rate, burst = args.budget_bps, BUDGET_BURST_SECONDS * args.budget_bps
+    rate, burst = args.budget_bps, args.burst
     run = wire_check(r.wire, r.t0, r.t_end, rate, burst)
     whole = wire_check(r.wire, r.t0, r.t_drained, rate, burst)
     wall_end = r.t0_wall + (r.t_end - r.t0)
@@ -1190,7 +1192,7 @@ def budget_observations(
     args: argparse.Namespace, r: BudgetRun, run: WireCheck, whole: WireCheck, plan_full: float | None
 ) -> list[str]:
     """What a reader should not miss, derived from the numbers (no judgement beyond them)."""
-    rate, burst = args.budget_bps, BUDGET_BURST_SECONDS * args.budget_bps
+    rate, burst = args.budget_bps, args.burst
     out = []
     if run.worst_ratio > 1 or whole.worst_ratio > 1:
         out.append(
@@ -1205,7 +1207,7 @@ def budget_observations(
     if whole.max_excess > burst:
         # The controller's bound: burst + one batch (a batch is capped as the note below says, plus its
         # MQTT framing).
-        bound = burst + max(4096, burst - 512) + 512
+        bound = burst + batch_cap(burst) + 512
         out.append(
             f"over some interval (drain included) the wire carried {whole.max_excess:,.0f} B more than "
             f"rate x length: above the {burst:,} B burst, "
@@ -1250,11 +1252,16 @@ def budget_observations(
     if published:
         out.append(
             f"{published:,.0f} batches published in the run, {payload / published:,.0f} B of payload each: "
-            f"the relay caps a batch at {max(4096, burst - 512):,} B (burst - 512, at least 4 KiB: the pacer "
+            f"the relay caps a batch at {batch_cap(burst):,} B (burst - 512, at least 4 KiB: the pacer "
             "sends a batch only when the bucket holds all of it), so a batch window that encodes to more is "
             "split by series"
         )
     return out
+
+
+def batch_cap(burst: int) -> int:
+    """The relay's largest batch under a budget of this burst (``Uplink.batch_cap``, default max_bytes)."""
+    return min(1_000_000, max(4096, burst - 512))
 
 
 # ------------------------------------------------------------------------------------------ main
@@ -1300,8 +1307,15 @@ def main() -> int:
         "--budget-bps",
         type=int,
         default=280,
-        help="budget scenario: sustained bytes/s, burst 20x (default 280: `budget plan` estimates about "
+        help="budget scenario: sustained bytes/s (default 280: `budget plan` estimates about "
         "465 B/s at full resolution for 2000 series)",
+    )
+    ap.add_argument(
+        "--budget-burst",
+        type=int,
+        default=0,
+        help="budget scenario: burst_bytes (default 0: the budget file's default, two batch windows at "
+        "the rate; session 2's runs used 20 x the rate, which splits every window)",
     )
     ap.add_argument(
         "--drain-seconds",

@@ -100,6 +100,7 @@ import paho.mqtt.client as mqtt  # noqa: E402
 import requests  # noqa: E402
 import yaml  # noqa: E402
 import zstandard  # noqa: E402
+from rw_mock import read_varint, wire_fields, wire_timeseries  # noqa: E402
 from services import ManagedProcess, Mosquitto, Prometheus, VictoriaMetrics, wait_until  # noqa: E402
 from stack import Program, ingest_config, program  # noqa: E402
 
@@ -613,43 +614,18 @@ _WRITTEN_RE = re.compile(r"^cloud_ingest_samples_written_total\{[^}]*\} (\S+)$",
 _MESSAGES_RE = re.compile(r'^cloud_ingest_messages_total\{outcome="([^"]+)"\} (\S+)$', re.M)
 
 
-def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return result, pos
-
-
 def first_series_node_and_newest_ts(body: bytes) -> tuple[str, int] | None:
     """(node label, newest sample timestamp) of the first TimeSeries of a snappy'd WriteRequest: the
     ingester writes one batch (one node) per request, and every series of a generated batch has a
-    sample of every scrape of the batch (v2: of the window), so that is the request's."""
+    sample of every scrape of the batch (v2: of the window), so that is the request's.  Only the first
+    TimeSeries is read (``wire_fields`` is lazy)."""
     raw = bytes(cramjam.snappy.decompress_raw(body))
-    if not raw or raw[0] != 0x0A:
+    number, first = next(wire_fields(raw), (0, b""))
+    if number != 1 or not isinstance(first, bytes):  # WriteRequest.timeseries = 1
         return None
-    length, pos = read_varint(raw, 1)
-    end = pos + length
-    node, newest = "", -1
-    while pos < end:
-        key, pos = read_varint(raw, pos)
-        size, pos = read_varint(raw, pos)
-        sub = raw[pos : pos + size]
-        pos += size
-        if key == 0x0A:  # Label {name = 1, value = 2}
-            name_len, p = read_varint(sub, 1)
-            if sub[p : p + name_len] == b"node":
-                p += name_len
-                value_len, p = read_varint(sub, p + 1)
-                node = sub[p : p + value_len].decode()
-        elif key == 0x12:  # Sample {value = 1 (fixed64), timestamp = 2 (varint)}
-            p = 9 if sub[:1] == b"\x09" else 0
-            ts = read_varint(sub, p + 1)[0] if p < len(sub) else 0
-            newest = max(newest, ts)
-    return (node, newest) if node else None
+    lset, samples = wire_timeseries(first)
+    node = dict(lset).get("node", "")
+    return (node, max((t for t, _ in samples), default=-1)) if node else None
 
 
 class Tap:

@@ -829,21 +829,17 @@ def write_budget(
     path: Path,
     *,
     bytes_per_second: int,
-    burst_bytes: int,
+    burst_bytes: int | None,
     batch_window_seconds: float,
     classes: list[dict[str, Any]],
 ) -> Path:
     """A relay bandwidth-budget file (``budget_file``, ``schemas/bandwidth-budget.schema.json``
-    version 1): the uplink's figures and the classes."""
-    budget = {
-        "version": 1,
-        "uplink": {
-            "sustained_bytes_per_second": bytes_per_second,
-            "burst_bytes": burst_bytes,
-            "batch_window_seconds": batch_window_seconds,
-        },
-        "classes": classes,
-    }
+    version 1): the uplink's figures (``burst_bytes`` None: the file's default) and the classes."""
+    uplink: dict[str, Any] = {"sustained_bytes_per_second": bytes_per_second}
+    if burst_bytes is not None:
+        uplink["burst_bytes"] = burst_bytes
+    uplink["batch_window_seconds"] = batch_window_seconds
+    budget = {"version": 1, "uplink": uplink, "classes": classes}
     path.write_text(yaml.safe_dump(budget, sort_keys=False))
     return path
 

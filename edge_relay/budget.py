@@ -11,6 +11,7 @@ expected, like the relay's own config.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from collections.abc import Mapping
@@ -27,7 +28,12 @@ from schemas.model import Labels, metric_name
 
 SCHEMA = "bandwidth-budget.schema.json"
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")  # index = datetime.weekday()
-BURST_FACTOR = 16  # burst_bytes default: 16 x the sustained rate
+BURST_FACTOR = 16  # burst_bytes default: at least 16 x the sustained rate ...
+BURST_WINDOWS = 2  # ... and room for two batch windows at the highest rate ...
+BURST_DEFAULT_MAX = 2_000_000  # ... but no more than two batches of the default batch.max_bytes
+# Room in the burst for a batch's MQTT framing: a batch is at most burst_bytes minus this.
+FRAMING_ROOM_BYTES = 512
+MIN_BATCH_CAP_BYTES = 4096
 IMPLICIT_CLASS = "other"
 IMPLICIT_MAX_RESOLUTION_S = 300.0
 
@@ -120,6 +126,15 @@ class Uplink:
     def zone(self) -> tzinfo:
         return _zone(self.timezone)
 
+    @property
+    def peak_bytes_per_second(self) -> int:
+        return max([self.sustained_bytes_per_second, *(w.bytes_per_second for w in self.windows)])
+
+    def batch_cap(self, batch_max_bytes: int) -> int:
+        """Largest batch the relay builds: the pacer sends a batch only when the bucket holds all of it,
+        so it must fit the burst (less the MQTT framing); under 4 KiB a batch may overshoot it once."""
+        return min(batch_max_bytes, max(MIN_BATCH_CAP_BYTES, self.burst_bytes - FRAMING_ROOM_BYTES))
+
     def local_time(self, now: float) -> datetime:
         """``now`` (Unix seconds) as an aware datetime in the budget's timezone."""
         return datetime.fromtimestamp(now, self.zone())
@@ -157,6 +172,22 @@ class Budget:
 
     def local_time(self, now: float) -> datetime:
         return self.uplink.local_time(now)
+
+    def warnings(self, batch_max_bytes: int = 1_000_000) -> list[str]:
+        """Settings that work but cost bytes (the relay logs them, ``budget plan`` prints them);
+        ``batch_max_bytes`` is the relay's ``batch.max_bytes``."""
+        up = self.uplink
+        window_bytes = math.ceil(up.peak_bytes_per_second * up.batch_window_seconds)
+        if up.batch_cap(batch_max_bytes) >= min(window_bytes, batch_max_bytes):
+            return []
+        return [
+            f"{self.source}: uplink.burst_bytes: {up.burst_bytes} caps a batch at "
+            f"{up.batch_cap(batch_max_bytes)} B, less than one batch window at the allowed rate "
+            f"({up.peak_bytes_per_second} B/s x {up.batch_window_seconds:g} s = {window_bytes} B): such "
+            "windows are split into parts that each repeat their label strings (about 1.6x the bytes on "
+            f"the simulator's workload); expected burst_bytes >= {window_bytes + FRAMING_ROOM_BYTES}, or a "
+            "shorter uplink.batch_window_seconds"
+        ]
 
     def classify(self, labels: Labels) -> int:
         """Index into ``classes`` of the first class that matches (cached per label set)."""
@@ -308,7 +339,14 @@ def _uplink(raw: dict[str, Any], source: str) -> Uplink:
     sustained = raw["sustained_bytes_per_second"]
     if "burst_bytes" in raw:
         config_loader.check_range(raw, "uplink", "sustained_bytes_per_second", "burst_bytes", source)
-    burst = raw.get("burst_bytes", BURST_FACTOR * sustained)
+    rates = [sustained, *(w["sustained_bytes_per_second"] for w in raw["windows"])]
+    burst = raw.get(
+        "burst_bytes",
+        max(
+            BURST_FACTOR * sustained,
+            min(BURST_DEFAULT_MAX, math.ceil(BURST_WINDOWS * max(rates) * raw["batch_window_seconds"])),
+        ),
+    )
     name = raw["timezone"]
     try:
         _zone(name)

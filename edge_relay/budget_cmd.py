@@ -5,18 +5,21 @@ bytes per second, first at full resolution, then degraded the way the relay's co
 lowest priority (last) class first, its resolution doubled step by step up to its
 ``max_resolution_seconds``, critical (non-degradable) classes never, until the estimate fits.
 
-Cost model, per class: one scrape of the class encoded as a batch with the wire codec gives the cost
-of a batch's label table (plus one value per series); each further sample of the batch window costs
-``VALUE_BYTES_PER_SAMPLE``. One batch per ``batch_window_seconds`` (or per resolution step, when that
-is longer). MQTT framing, acks and status messages add a few bytes per second and are left out.
+Cost model, per class: one scrape of the class encoded as a batch with the relay's wire format gives
+the cost of a batch's label table (plus one value per series); each further sample of the batch window
+costs ``VALUE_BYTES_PER_SAMPLE``. One batch per ``batch_window_seconds`` (or per resolution step, when
+that is longer). A window's batch larger than the relay's cap (``Uplink.batch_cap``: the burst less
+the MQTT framing) is split by series into parts that each repeat the label strings they share; the
+estimate then scales every label table by what splitting this scrape into as many parts costs.
+MQTT framing, acks and status messages add a few bytes per second and are left out.
 ``plan`` is pure (no I/O, no clock) so the controller's tests can reuse it.
 """
 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
+import math
 import sys
 import time
 from array import array
@@ -28,6 +31,7 @@ from typing import Any
 from edge_relay import budget as budget_mod
 from edge_relay import settings as settings_mod
 from edge_relay.budget import DAYS, Budget
+from edge_relay.encode import series_parts
 from edge_relay.parse import ParseError, parse
 from edge_relay.scrape import Scraper
 from edge_relay.shape import ShapedScrape, TargetShaper, fill_labels_for
@@ -61,41 +65,48 @@ class ClassPlan:
     max_resolution_s: float  # = full_resolution_s for a class that never degrades
     resolution_s: float  # what the class runs at under the budget
     bytes_per_second: float
+    batch_parts: int = 1  # parts the largest window's batch is split into under the budget (all classes)
 
     @property
     def degraded(self) -> bool:
         return self.resolution_s > self.full_resolution_s
 
 
-def codec_version() -> int:
-    """The wire format the estimate uses: 2 once ``schemas.codec`` can encode it, else 1."""
-    return 2 if "version" in inspect.signature(codec.encode_batch).parameters else 1
-
-
-def _encode(batch: Batch) -> bytes:
-    encode: Any = codec.encode_batch  # the version keyword is not in every codec's signature
-    return bytes(encode(batch, version=2) if codec_version() == 2 else encode(batch))
-
-
-def encoded_scrape_bytes(samples: Sequence[Sample], *, cluster: str = "default", node: str = "node") -> int:
-    """Size on the wire of one scrape of ``samples`` as a batch of its own (split if too large)."""
+def encoded_scrape_bytes(
+    samples: Sequence[Sample],
+    *,
+    cluster: str = "default",
+    node: str = "node",
+    version: int = codec.FORMAT_V2,
+    parts: int = 1,
+) -> int:
+    """Size on the wire of one scrape of ``samples`` as a batch of its own, or as ``parts`` batches
+    split by series the way the relay splits a window (split further if too large for a message)."""
     table: dict[Labels, float] = {}
     for labels, value in samples:
         table.setdefault(labels, value)  # a series appears once per scrape (the shaper drops repeats)
     if not table:
         return 0
+    if parts > 1 and len(table) > 1:
+        scrape = ShapedScrape("plan", _PLAN_TIMESTAMP_MS, list(table), array("d", table.values()))
+        return sum(
+            encoded_scrape_bytes(
+                list(zip(part.labels, part.values, strict=True)), cluster=cluster, node=node, version=version
+            )
+            for [part] in series_parts([scrape], min(parts, len(table)))
+        )
     block = ScrapeBlock(_PLAN_TIMESTAMP_MS, array("I", range(len(table))), array("d", table.values()))
     batch = Batch(cluster=cluster, node=node, seq=_PLAN_SEQ, labelsets=list(table), scrapes=[block])
     try:
-        return len(_encode(batch))
+        return len(codec.encode_batch(batch, version=version))
     except codec.EncodeError as e:
         if e.reason not in ("oversized", "decompression_limit") or len(table) < 2:
             raise
     # Like the relay's encoder: a scrape too large for one message goes out in parts.
     items = list(table.items())
     mid = len(items) // 2
-    return encoded_scrape_bytes(items[:mid], cluster=cluster, node=node) + encoded_scrape_bytes(
-        items[mid:], cluster=cluster, node=node
+    return encoded_scrape_bytes(items[:mid], cluster=cluster, node=node, version=version) + (
+        encoded_scrape_bytes(items[mid:], cluster=cluster, node=node, version=version)
     )
 
 
@@ -127,12 +138,15 @@ def plan(
     allowed_bytes_per_second: float | None = None,
     cluster: str = "default",
     node: str = "node",
+    version: int = codec.FORMAT_V2,
+    batch_max_bytes: int = 1_000_000,
 ) -> list[ClassPlan]:
     """Per class of ``budget`` (in its order): cost at full resolution and at the resolution that fits.
 
     ``samples_by_class`` holds one scrape's samples by class name (missing classes have none);
     ``allowed_bytes_per_second`` defaults to ``steady_rate(budget)``. When even the fully degraded
     plan does not fit, every degradable class is at its maximum and the sum stays above the rate.
+    ``version`` and ``batch_max_bytes`` are the relay's ``batch.format_version`` and ``batch.max_bytes``.
     """
     if interval_s <= 0:
         raise ValueError("interval_s must be > 0")
@@ -141,22 +155,53 @@ def plan(
         raise ValueError(f"no such class(es) in {budget.source}: {', '.join(sorted(unknown))}")
     allowed = steady_rate(budget) if allowed_bytes_per_second is None else allowed_bytes_per_second
     window = budget.uplink.batch_window_seconds
+    cap = budget.uplink.batch_cap(batch_max_bytes)
     counts, series, tables, full, ceiling = [], [], [], [], []
     for cls in budget.classes:
         samples = samples_by_class.get(cls.name, ())
         counts.append(len(samples))
         series.append(len({labels for labels, _ in samples}))
-        tables.append(encoded_scrape_bytes(samples, cluster=cluster, node=node))
+        tables.append(encoded_scrape_bytes(samples, cluster=cluster, node=node, version=version))
         res = max(cls.resolution_s, interval_s)
         full.append(res)
         ceiling.append(max(res, cls.max_resolution_s) if cls.degradable else res)
-    resolution = list(full)
-    cost = [estimate_bytes_per_second(tables[i], counts[i], full[i], window) for i in range(len(full))]
-    full_cost = list(cost)
-    for i in reversed(range(len(cost))):
-        while sum(cost) > allowed and resolution[i] < ceiling[i]:
-            resolution[i] = min(resolution[i] * 2, ceiling[i])
-            cost[i] = estimate_bytes_per_second(tables[i], counts[i], resolution[i], window)
+    everything = [sample for samples in samples_by_class.values() for sample in samples]
+    whole = encoded_scrape_bytes(everything, cluster=cluster, node=node, version=version)
+    split_cost: dict[int, float] = {1: 1.0}
+
+    def costs(resolution: Sequence[float], parts: int) -> list[float]:
+        if parts not in split_cost:
+            split = encoded_scrape_bytes(everything, cluster=cluster, node=node, version=version, parts=parts)
+            split_cost[parts] = max(1.0, split / whole) if whole else 1.0
+        scale = split_cost[parts]
+        return [
+            estimate_bytes_per_second(round(tables[i] * scale), counts[i], resolution[i], window)
+            for i in range(len(tables))
+        ]
+
+    def parts_for(resolution: Sequence[float], cost: Sequence[float]) -> int:
+        # The largest window: the one where every class's batch falls at once.
+        largest = sum(c * max(window, r) for c, r in zip(cost, resolution, strict=True))
+        return max(1, math.ceil(largest / cap))
+
+    def settle(parts: int) -> tuple[list[float], list[float], int]:
+        """Resolutions that fit, their costs, and the parts they need (a fixed point in a few rounds)."""
+        for _ in range(4):
+            resolution = list(full)
+            cost = costs(resolution, parts)
+            for i in reversed(range(len(cost))):
+                while sum(cost) > allowed and resolution[i] < ceiling[i]:
+                    resolution[i] = min(resolution[i] * 2, ceiling[i])
+                    cost = costs(resolution, parts)
+            needed = parts_for(resolution, cost)
+            if needed <= parts:
+                break
+            parts = needed
+        return resolution, cost, parts
+
+    full_cost = costs(full, 1)
+    full_cost = costs(full, parts_for(full, full_cost))
+    resolution, cost, parts = settle(1)
     return [
         ClassPlan(
             name=cls.name,
@@ -169,6 +214,7 @@ def plan(
             max_resolution_s=ceiling[i],
             resolution_s=resolution[i],
             bytes_per_second=cost[i],
+            batch_parts=parts,
         )
         for i, cls in enumerate(budget.classes)
     ]
@@ -257,6 +303,8 @@ def report(
     interval_s: float,
     targets: int,
     failed: Mapping[str, str],
+    version: int = codec.FORMAT_V2,
+    batch_max_bytes: int = 1_000_000,
 ) -> dict[str, Any]:
     """Everything ``plan`` prints, as data (the --json output)."""
     up = budget.uplink
@@ -268,10 +316,14 @@ def report(
         f"target {t}: scrape failed ({error}): its series are missing from the estimate"
         for t, error in failed.items()
     ]
-    version = codec_version()
-    if version == 1:
+    warnings += budget.warnings(batch_max_bytes)
+    parts = max((p.batch_parts for p in plans), default=1)
+    cap = up.batch_cap(batch_max_bytes)
+    if parts > 1:
         warnings.append(
-            "the v2 columnar codec is not available yet: label tables are estimated with the v1 codec"
+            f"the largest batch window is split into {parts} batches of at most {cap} B "
+            f"(burst_bytes - 512, at most batch.max_bytes): each repeats the label strings it shares "
+            "with the others, which the estimate includes"
         )
     if not fits:
         critical = sum(p.bytes_per_second for p in plans if not p.degradable)
@@ -283,6 +335,8 @@ def report(
     return {
         "budget": budget.source,
         "codec_version": version,
+        "batch_cap_bytes": cap,
+        "batch_parts": parts,
         "interval_seconds": interval_s,
         "batch_window_seconds": up.batch_window_seconds,
         "targets": targets,
@@ -383,9 +437,19 @@ def run_plan(args: argparse.Namespace) -> int:
         allowed_bytes_per_second=allowed,
         cluster=s.cluster,
         node=s.node,
+        version=s.format_version,
+        batch_max_bytes=s.batch_max_bytes,
     )
     rep = report(
-        b, plans, allowed=allowed, now=now, interval_s=s.interval_seconds, targets=len(scrapes), failed=failed
+        b,
+        plans,
+        allowed=allowed,
+        now=now,
+        interval_s=s.interval_seconds,
+        targets=len(scrapes),
+        failed=failed,
+        version=s.format_version,
+        batch_max_bytes=s.batch_max_bytes,
     )
     if args.json:
         print(json.dumps(rep, indent=2, allow_nan=False))

@@ -211,11 +211,9 @@ class Relay:
             log.info("resumed an open batch window of %d staged cycle(s)", len(self._window_ids))
 
     def _fit_batches_to_burst(self, budget: Budget) -> None:
-        # The pacer sends a batch only when the bucket holds all of it, so no batch may be larger than
-        # the burst (less room for the MQTT framing); below 4 KiB a batch may overshoot it once.
-        self.encoder.max_bytes = min(
-            self.settings.batch_max_bytes, max(4096, budget.uplink.burst_bytes - 512)
-        )
+        self.encoder.max_bytes = budget.uplink.batch_cap(self.settings.batch_max_bytes)
+        for warning in budget.warnings(self.settings.batch_max_bytes):
+            log.warning("%s", warning)
 
     def _maybe_reload_budget(self) -> None:
         stamp = self._budget_file_stamp()

@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 import sys
+from array import array
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -31,7 +32,9 @@ from edge_relay.budget import (
     load,
     parse,
 )
+from edge_relay.encode import BatchEncoder
 from edge_relay.parse import parse as parse_exposition
+from edge_relay.shape import ShapedScrape
 from edge_relay.simulate import EXPORTERS, Simulator, SimulatorServer
 from relay_common import cli as common_cli
 from relay_common import config as config_loader
@@ -124,7 +127,7 @@ def test_example_loads_into_the_typed_objects(tmp_path: Path) -> None:
 
 def test_minimal_budget_gets_defaults_and_the_implicit_class(tmp_path: Path) -> None:
     b = load(write(tmp_path, MINIMAL))
-    assert b.uplink.burst_bytes == 16 * 1000
+    assert b.uplink.burst_bytes == 2 * 1000 * 60  # two batch windows at the rate
     assert (b.uplink.daily_quota_bytes, b.uplink.timezone, b.uplink.windows) == (0, "UTC", ())
     assert b.uplink.batch_window_seconds == 60
     (other,) = b.classes
@@ -132,6 +135,40 @@ def test_minimal_budget_gets_defaults_and_the_implicit_class(tmp_path: Path) -> 
     assert other.matchers == () and other.resolution_s == 0 and other.max_resolution_s == 300
     assert other.degradable
     assert b.classify((("__name__", "anything"),)) == 0
+
+
+@pytest.mark.parametrize(
+    ("uplink", "burst"),
+    [
+        ("{sustained_bytes_per_second: 1000, batch_window_seconds: 5}", 16 * 1000),  # 16 x rate at least
+        (
+            "{sustained_bytes_per_second: 100, batch_window_seconds: 30, windows: "
+            '[{start: "22:00", end: "06:00", sustained_bytes_per_second: 400}]}',
+            2 * 400 * 30,
+        ),
+        ("{sustained_bytes_per_second: 100000}", 2_000_000),  # two batches of batch.max_bytes at most
+        ("{sustained_bytes_per_second: 280, burst_bytes: 5600}", 5600),
+    ],
+)
+def test_default_burst_holds_two_batch_windows(tmp_path: Path, uplink: str, burst: int) -> None:
+    assert load(write(tmp_path, f"version: 1\nuplink: {uplink}\n")).uplink.burst_bytes == burst
+
+
+def test_a_burst_too_small_for_a_windows_batch_is_warned_about(tmp_path: Path) -> None:
+    path = write(tmp_path, "version: 1\nuplink: {sustained_bytes_per_second: 280, burst_bytes: 5600}\n")
+    b = load(path)
+    assert b.uplink.batch_cap(1_000_000) == 5600 - 512
+    assert b.uplink.batch_cap(3000) == 3000
+    assert b.uplink.batch_cap(1_000_000) == 5088
+    (warning,) = b.warnings()
+    assert str(path) in warning and "uplink.burst_bytes" in warning
+    assert "280 B/s x 60 s = 16800 B" in warning and "expected burst_bytes >= 17312" in warning
+    assert load(write(tmp_path, MINIMAL)).warnings() == []
+    # A window larger than batch.max_bytes is split anyway: a burst that holds one such batch is enough.
+    big = load(
+        write(tmp_path, "version: 1\nuplink: {sustained_bytes_per_second: 100000, burst_bytes: 1000512}\n")
+    )
+    assert big.warnings(1_000_000) == [] and big.warnings(2_000_000) != []
 
 
 def test_implicit_class_follows_classes_that_do_not_match_everything(tmp_path: Path) -> None:
@@ -670,29 +707,43 @@ def test_steady_rate_respects_windows_and_the_quota(tmp_path: Path) -> None:
     assert budget_cmd.steady_rate(b, at("2024-01-01T23:00:00")) == 500
 
 
-def test_codec_v2_is_used_once_it_exists(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = codec.encode_batch
-    seen: list[int] = []
-
-    def encode_batch(batch: Any, level: int = 3, *, version: int = 1, **kw: Any) -> bytes:
-        seen.append(version)
-        return original(batch)
-
-    monkeypatch.setattr(codec, "encode_batch", encode_batch)
-    assert budget_cmd.codec_version() == 2
-    assert budget_cmd.encoded_scrape_bytes(samples("x", 3)) > 0
-    assert seen == [2]
+def test_plan_estimates_with_the_relays_wire_format(plan_budget: Budget, by_class: dict[str, Any]) -> None:
+    v1 = budget_cmd.plan(plan_budget, by_class, 5.0, version=codec.FORMAT_V1)
+    v2 = budget_cmd.plan(plan_budget, by_class, 5.0)
+    for a, b in zip(v1, v2, strict=True):
+        assert a.table_bytes == budget_cmd.encoded_scrape_bytes(by_class[a.name], version=codec.FORMAT_V1)
+        assert b.table_bytes == budget_cmd.encoded_scrape_bytes(by_class[b.name])
+    assert v1[2].table_bytes > v2[2].table_bytes  # 400 series: v2's columns beat v1's label sets
 
 
-def test_v1_fallback_without_the_version_keyword(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = codec.encode_batch
-
-    def encode_batch(batch: Any, level: int = 3) -> bytes:
-        return original(batch)
-
-    monkeypatch.setattr(codec, "encode_batch", encode_batch)
-    assert budget_cmd.codec_version() == 1
-    assert budget_cmd.encoded_scrape_bytes(samples("x", 3)) > 0
+def test_plan_counts_what_splitting_a_window_for_a_small_cap_costs(
+    plan_budget: Budget, by_class: dict[str, Any]
+) -> None:
+    whole = budget_cmd.plan(plan_budget, by_class, 5.0)
+    split = budget_cmd.plan(plan_budget, by_class, 5.0, batch_max_bytes=4096)
+    assert {p.batch_parts for p in whole} == {1}
+    largest = sum(p.bytes_per_second for p in whole) * 60  # every class sends a table each window
+    parts = math.ceil(largest / 4096)
+    assert parts > 1 and {p.batch_parts for p in split} == {parts}
+    everything = [x for xs in by_class.values() for x in xs]
+    scale = budget_cmd.encoded_scrape_bytes(everything, parts=parts) / budget_cmd.encoded_scrape_bytes(
+        everything
+    )
+    assert scale > 1.05  # the parts repeat the strings they share
+    for w, p in zip(whole, split, strict=True):
+        assert p.full_bytes_per_second == pytest.approx(
+            budget_cmd.estimate_bytes_per_second(
+                round(w.table_bytes * scale), w.samples_per_scrape, p.full_resolution_s, 60
+            )
+        )
+    # The split estimate follows what the relay's encoder really builds from such a window.
+    scrape = ShapedScrape(
+        "t", 1_000, [labels for labels, _ in everything], array("d", (v for _, v in everything))
+    )
+    encoder = BatchEncoder("default", "node", max_bytes=4096, version=codec.FORMAT_V2)
+    batches = encoder.build_window([scrape])
+    real = sum(len(encoder.encode(b, 1 << 32)) for b in batches)
+    assert budget_cmd.encoded_scrape_bytes(everything, parts=len(batches)) == pytest.approx(real, rel=0.1)
 
 
 def test_a_scrape_too_large_for_one_batch_is_costed_in_parts() -> None:
@@ -774,8 +825,7 @@ def test_cli_plan_table_fits(
     assert "allowed: 16384.0 B/s" in out
     assert "OK: fits the budget at full resolution" in out
     assert "does not fit" not in out
-    if budget_cmd.codec_version() == 1:
-        assert "WARNING: the v2 columnar codec is not available yet" in out
+    assert "WARNING" not in out
 
 
 def test_cli_plan_json_degrades_and_warns(

@@ -325,7 +325,8 @@ def test_edge_daemonset_keeps_its_promises(name: str, tmp_path: Path) -> None:
     assert budget_vol["configMap"]["name"].startswith("edge-relay-budget-")
     budget_file = tmp_path / "budget.yaml"
     budget_file.write_text(configmap(objs, "edge-relay-budget")["data"][budget_key])
-    assert relay_budget.load(budget_file).classes
+    budget = relay_budget.load(budget_file)
+    assert budget.classes and budget.warnings(s.batch_max_bytes) == []
 
     # Spool: on a size-limited volume, with the relay's own cap below the limit.
     spool_vol, _ = mount_of(ds, relay, s.spool_path)
@@ -764,7 +765,8 @@ def test_compose_stack_is_complete_and_wired() -> None:
     relay = relay_settings.load(str(mounted("edge-relay", "/etc/edge-relay/config.yaml")))
     # A relative budget_file: beside the config, in the repository as in the container.
     assert Path(relay.budget_file) == mounted("edge-relay", "/etc/edge-relay/budget.yaml")
-    assert relay_budget.load(relay.budget_file).classes
+    budget = relay_budget.load(relay.budget_file)
+    assert budget.classes and budget.warnings(relay.batch_max_bytes) == []
     for target in relay.targets:
         host = urlsplit(target.url).hostname
         assert host == "127.0.0.1" or reachable("edge-relay", host), target.url

@@ -290,6 +290,34 @@ def test_build_window_splits_by_series_not_by_scrape() -> None:
         assert {blk.timestamp_ms for blk in batch.scrapes} >= {1_000 + 5_000 * t for t in range(12)} - {6_000}
 
 
+def test_build_window_keeps_each_containers_series_in_one_part() -> None:
+    """Parts are self-contained, so each spells out the label values it uses: a container's metrics
+    travel together and its id is written once, not once per part (exposition order is metric by
+    metric, which would put every container in every part)."""
+    encoder = BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES, version=codec.FORMAT_V2)
+    rng = random.Random(5)
+    containers = [rng.randbytes(32).hex() for _ in range(120)]  # 64 incompressible hex digits each
+    scrapes = []
+    for t in range(4):
+        s = ShapedScrape("kepler", 1_000 + 5_000 * t)
+        for metric in ("joules_total", "cpu_seconds_total", "bytes", "packets_total"):
+            for c in containers:
+                s.labels.append(
+                    (("__name__", f"kepler_container_{metric}"), ("container_id", c), ("job", "k"))
+                )
+                s.values.append(float(rng.randrange(1000)))
+        scrapes.append(s)
+    batches = encoder.build_window(scrapes)
+    assert len(batches) > 1
+    parts_of: dict[str, set[int]] = {}
+    for i, batch in enumerate(batches):
+        for labels in batch.labelsets:
+            parts_of.setdefault(dict(labels)["container_id"], set()).add(i)
+    split = [c for c, parts in parts_of.items() if len(parts) > 1]
+    assert len(split) <= len(batches) - 1  # at most one container straddles each cut
+    assert len(parts_of) == len(containers)
+
+
 def test_build_window_falls_back_to_scrape_splits_for_one_huge_series() -> None:
     encoder = BatchEncoder(CLUSTER, NODE, max_bytes=MAX_BYTES, version=codec.FORMAT_V2)
     rng = random.Random(3)

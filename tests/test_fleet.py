@@ -18,6 +18,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 import requests
+from rw_mock import no_proxies_fixture as no_proxies_fixture
 from services import Mosquitto, Prometheus, ServiceFactory, free_port, wait_until
 from stack import ingest_config
 
@@ -493,15 +494,6 @@ class Edge:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
-
-
-@pytest.fixture(autouse=True)
-def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    for var in ("CLOUD_INGEST_CLIENT_ID", "CLOUD_INGEST_REMOTE_WRITE_URL", "CLOUD_INGEST_MQTT_PASSWORD"):
-        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture

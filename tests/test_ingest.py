@@ -43,6 +43,7 @@ import paho.mqtt.client as mqtt
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
+from rw_mock import no_proxies_fixture as no_proxies_fixture
 from services import Mosquitto, Prometheus, RawSamples, ServiceFactory, free_port, wait_until
 from stack import Program, ingest_config, program
 
@@ -416,16 +417,6 @@ class Programs:
 
 
 # -- fixtures --------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(autouse=True)
-def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    # requests honours *_proxy variables; remote-write traffic must go straight to 127.0.0.1.
-    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    for var in ("CLOUD_INGEST_CLIENT_ID", "CLOUD_INGEST_REMOTE_WRITE_URL", "CLOUD_INGEST_MQTT_PASSWORD"):
-        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture

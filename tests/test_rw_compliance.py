@@ -37,10 +37,6 @@ import struct
 import threading
 import time
 from array import array
-from collections import deque
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import cramjam
@@ -48,6 +44,21 @@ import pytest
 import requests
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rw_mock import (
+    FakeTime,
+    MaxRng,
+    MockReceiver,
+    Reply,
+    bits_to_float,
+    read_varint,
+    snappy_block_decode,
+    wire_fields,
+    wire_timeseries,
+)
+
+# Fixtures, asked for by their pytest names: _no_proxies (autouse), receiver.
+from rw_mock import no_proxies_fixture as no_proxies_fixture
+from rw_mock import receiver_fixture as receiver_fixture
 from services import Prometheus, ServiceFactory, VictoriaMetrics, free_port, wait_until
 from stack import ingest_config
 
@@ -67,10 +78,6 @@ from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch, Labels, ScrapeBlock,
 
 LABEL_NAME_RE = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 METRIC_NAME_RE = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-
-
-def bits_to_float(bits: int) -> float:
-    return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
 
 
 SPECIAL_BITS = [
@@ -106,222 +113,11 @@ def small_batch(ts_ms: int = 1_700_000_000_123, seq: int = 1) -> Batch:
     return Batch("c", "n", seq, sets, [block(ts_ms, [1.0, -2.5, STALE_NAN])])
 
 
-# -- wire helpers (independent of cloud_ingest.write and of cramjam) ----------------------------------------
-
-
-def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return result, pos
-
-
-def snappy_block_decode(data: bytes) -> bytes:
-    """Snappy block format (format_description.txt of google/snappy): a varint with the uncompressed
-    length, then literals and back-references; written from the spec, shares no code with cramjam."""
-    length, pos = read_varint(data, 0)
-    out = bytearray()
-    while pos < len(data):
-        tag = data[pos]
-        pos += 1
-        kind = tag & 3
-        if kind == 0:  # literal
-            n = tag >> 2
-            if n >= 60:
-                extra = n - 59
-                n = int.from_bytes(data[pos : pos + extra], "little")
-                pos += extra
-            n += 1
-            assert pos + n <= len(data), "literal runs past the end"
-            out += data[pos : pos + n]
-            pos += n
-            continue
-        if kind == 1:
-            n = ((tag >> 2) & 7) + 4
-            offset = ((tag >> 5) << 8) | data[pos]
-            pos += 1
-        elif kind == 2:
-            n = (tag >> 2) + 1
-            offset = int.from_bytes(data[pos : pos + 2], "little")
-            pos += 2
-        else:
-            n = (tag >> 2) + 1
-            offset = int.from_bytes(data[pos : pos + 4], "little")
-            pos += 4
-        assert 0 < offset <= len(out), f"copy offset {offset} outside the {len(out)} bytes decoded"
-        if offset >= n:
-            start = len(out) - offset
-            out += out[start : start + n]
-        else:  # overlapping copy: byte by byte
-            for _ in range(n):
-                out.append(out[-offset])
-    assert len(out) == length, f"preamble says {length} bytes, decoded {len(out)}"
-    return bytes(out)
-
-
-def wire_fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
-    pos = 0
-    while pos < len(buf):
-        key, pos = read_varint(buf, pos)
-        number, wire_type = key >> 3, key & 7
-        if wire_type == 0:
-            value, pos = read_varint(buf, pos)
-            yield number, value
-        elif wire_type == 1:
-            yield number, buf[pos : pos + 8]
-            pos += 8
-        elif wire_type == 2:
-            n, pos = read_varint(buf, pos)
-            yield number, buf[pos : pos + n]
-            pos += n
-        else:
-            raise AssertionError(f"unexpected wire type {wire_type}")
-
-
-def wire_timeseries(buf: bytes) -> tuple[Labels, list[tuple[int, int]]]:
-    """A serialized TimeSeries: its labels in wire order and its (timestamp, value bits) in wire order."""
-    lset: list[tuple[str, str]] = []
-    samples: list[tuple[int, int]] = []
-    for number, value in wire_fields(buf):
-        assert isinstance(value, bytes)
-        if number == 1:
-            name = val = ""
-            for n, part in wire_fields(value):
-                assert isinstance(part, bytes)
-                if n == 1:
-                    name = part.decode()
-                elif n == 2:
-                    val = part.decode()
-            lset.append((name, val))
-        elif number == 2:
-            t = bits = 0
-            for n, part in wire_fields(value):
-                if n == 1:
-                    assert isinstance(part, bytes)
-                    bits = int.from_bytes(part, "little")
-                elif n == 2:
-                    assert isinstance(part, int)
-                    t = part - (1 << 64) if part >= 1 << 63 else part
-            samples.append((t, bits))
-    return tuple(lset), samples
-
-
-# -- a scripted receiver that can also start late, on a port chosen in advance ---------------------------
-
-
-@dataclass(frozen=True)
-class Answer:
-    status: int = 204
-    body: bytes = b""
-    headers: tuple[tuple[str, str], ...] = ()
-    delay_s: float = 0.0
-
-
-@dataclass
-class Seen:
-    path: str
-    headers: list[tuple[str, str]]  # as sent, in order, duplicates kept
-    body: bytes
-
-
-class _Server(ThreadingHTTPServer):
-    allow_reuse_address = True  # started late on a port picked (and released) earlier
-    daemon_threads = True
-
-
-@dataclass
-class Receiver:
-    port: int = field(default_factory=free_port)
-    script: deque[Answer] = field(default_factory=deque)
-    default: Answer = field(default_factory=Answer)
-    seen: list[Seen] = field(default_factory=list)
-    _server: ThreadingHTTPServer | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/api/v1/write"
-
-    def start(self) -> Receiver:
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with receiver._lock:
-                    receiver.seen.append(Seen(self.path, list(self.headers.items()), body))
-                    answer = receiver.script.popleft() if receiver.script else receiver.default
-                try:
-                    if answer.delay_s:
-                        time.sleep(answer.delay_s)
-                    self.send_response(answer.status)
-                    for name, value in answer.headers:
-                        self.send_header(name, value)
-                    self.send_header("Content-Length", str(len(answer.body)))
-                    self.end_headers()
-                    self.wfile.write(answer.body)
-                except OSError:  # the client timed out and went away
-                    self.close_connection = True
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self._server = _Server(("127.0.0.1", self.port), Handler)
-        threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-    def clock(self) -> float:
-        return self.now
-
-
-class MaxRng:
-    def random(self) -> float:
-        return 1.0
-
-
-@pytest.fixture(autouse=True)
-def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    for var in ("CLOUD_INGEST_CLIENT_ID", "CLOUD_INGEST_REMOTE_WRITE_URL", "CLOUD_INGEST_MQTT_PASSWORD"):
-        monkeypatch.delenv(var, raising=False)
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    r = Receiver().start()
-    yield r
-    r.stop()
-
-
 # -- headers ----------------------------------------------------------------------------------------------
 
 
 def test_configured_ingester_sends_exactly_the_remote_write_headers(
-    receiver: Receiver, tmp_path: Path
+    receiver: MockReceiver, tmp_path: Path
 ) -> None:
     path = ingest_config(
         tmp_path,
@@ -336,11 +132,11 @@ def test_configured_ingester_sends_exactly_the_remote_write_headers(
     finally:
         ingester.writer.close()
         ingester.dead_letters.close()
-    [seen] = receiver.seen
+    [seen] = receiver.received
     assert seen.path == "/api/v1/write"
-    names = [name.lower() for name, _ in seen.headers]
-    assert len(names) == len(set(names)), f"a header sent twice: {seen.headers}"
-    got = {name.lower(): value for name, value in seen.headers}
+    names = [name.lower() for name, _ in seen.header_items]
+    assert len(names) == len(set(names)), f"a header sent twice: {seen.header_items}"
+    got = {name.lower(): value for name, value in seen.header_items}
     assert got.pop("content-encoding") == "snappy"
     assert got.pop("content-type") == "application/x-protobuf"
     assert got.pop("x-prometheus-remote-write-version") == "0.1.0"
@@ -463,10 +259,10 @@ def test_whatever_the_decoder_accepts_becomes_a_valid_write_request(payload: byt
 # -- retries: 429 with an HTTP-date ------------------------------------------------------------------------
 
 
-def test_429_retry_after_http_date_honoured(receiver: Receiver) -> None:
+def test_429_retry_after_http_date_honoured(receiver: MockReceiver) -> None:
     fake = FakeTime()
     receiver.script.append(
-        Answer(429, b"", (("Retry-After", email.utils.formatdate(time.time() + 12, usegmt=True)),))
+        Reply(429, b"", {"Retry-After": email.utils.formatdate(time.time() + 12, usegmt=True)})
     )
     client = RemoteWriteClient(
         receiver.url, backoff=Backoff(0.1, 60.0, rng=MaxRng()), sleep=fake.sleep, clock=fake.clock
@@ -482,7 +278,7 @@ def test_429_retry_after_http_date_honoured(receiver: Receiver) -> None:
 
 def test_one_client_survives_every_kind_of_failure_in_a_row() -> None:
     fake = FakeTime()
-    receiver = Receiver()  # not started yet: connection refused
+    receiver = MockReceiver(port=free_port())  # not started yet: connection refused
     client = RemoteWriteClient(
         receiver.url,
         backoff=Backoff(1.0, 4.0, rng=MaxRng()),
@@ -495,13 +291,13 @@ def test_one_client_survives_every_kind_of_failure_in_a_row() -> None:
     try:
         outcomes.append(client.write(small_batch(seq=1)))  # connection refused until it gives up
         receiver.start()
-        receiver.script.extend([Answer(500, b"boom")] * 4)  # 5xx until it gives up
+        receiver.script.extend([Reply(500, b"boom")] * 4)  # 5xx until it gives up
         outcomes.append(client.write(small_batch(seq=2)))
-        receiver.script.append(Answer(400, b"bad labels"))
+        receiver.script.append(Reply(400, b"bad labels"))
         outcomes.append(client.write(small_batch(seq=3)))
-        receiver.script.append(Answer(413, b"E" * 2_000_000))  # huge error body
+        receiver.script.append(Reply(413, b"E" * 2_000_000))  # huge error body
         outcomes.append(client.write(small_batch(seq=4)))
-        receiver.script.extend([Answer(503), Answer(204, delay_s=1.0), Answer(502, b""), Answer(200, b"{}")])
+        receiver.script.extend([Reply(503), Reply(204, delay_s=1.0), Reply(502, b""), Reply(200, b"{}")])
         outcomes.append(client.write(small_batch(seq=5)))  # empty 503, timeout, empty 502, then 200
         outcomes.append(client.write(small_batch(seq=6)))  # and the next batch just goes through
     finally:

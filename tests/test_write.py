@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import email.utils
-import http.server
 import itertools
 import json
 import logging
@@ -16,9 +15,7 @@ import subprocess
 import threading
 import time
 from array import array
-from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import cramjam
@@ -28,6 +25,12 @@ from google.protobuf import descriptor_pb2, text_format
 from google.protobuf.internal import api_implementation
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rw_mock import FakeTime, MaxRng, MockReceiver, Reply, bits_to_float, wire_samples
+
+# Fixtures, asked for by their pytest names: _no_proxies (autouse), receiver, fake_time.
+from rw_mock import fake_time_fixture as fake_time_fixture
+from rw_mock import no_proxies_fixture as no_proxies_fixture
+from rw_mock import receiver_fixture as receiver_fixture
 
 from cloud_ingest.write import (
     DEFAULT_USER_AGENT,
@@ -42,10 +45,6 @@ from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch, Labels, ScrapeBlock,
 
 REPO = Path(__file__).resolve().parent.parent
 NOW_MS = 1_700_000_000_000
-
-
-def bits_to_float(bits: int) -> float:
-    return struct.unpack("<d", struct.pack("<Q", bits))[0]
 
 
 SPECIAL_VALUES = [
@@ -111,61 +110,8 @@ def unsnappy(body: bytes) -> bytes:
 # it parses into the canonical quiet NaN, and 5.x serializes -0.0 as +0.0 (by omitting it).  upb,
 # the default everywhere wheels exist, is exact.  So the message classes are the oracle for structure
 # everywhere, and for value bits and byte-equality only on upb/cpp; value bits are also read straight
-# off the wire by the walker below, which no protobuf runtime can alter.
+# off the wire by rw_mock.wire_samples, which no protobuf runtime can alter.
 EXACT_RUNTIME = api_implementation.Type() != "python"
-
-
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        byte = buf[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        shift += 7
-        if byte < 0x80:
-            return result, pos
-
-
-def _wire_fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
-    pos = 0
-    while pos < len(buf):
-        key, pos = _read_varint(buf, pos)
-        number, wire_type = key >> 3, key & 7
-        if wire_type == 0:
-            value, pos = _read_varint(buf, pos)
-            yield number, value
-        elif wire_type == 1:
-            yield number, buf[pos : pos + 8]
-            pos += 8
-        elif wire_type == 2:
-            length, pos = _read_varint(buf, pos)
-            yield number, buf[pos : pos + length]
-            pos += length
-        else:
-            raise AssertionError(f"unexpected wire type {wire_type}")
-
-
-def wire_samples(raw: bytes) -> list[list[tuple[int, int]]]:
-    """(timestamp, value bits) per TimeSeries, read from the raw WriteRequest bytes."""
-    out = []
-    for number, ts in _wire_fields(raw):
-        assert number == 1 and isinstance(ts, bytes)
-        samples = []
-        for n, sample in _wire_fields(ts):
-            if n != 2:
-                continue
-            assert isinstance(sample, bytes)
-            t = bits = 0
-            for field_number, value in _wire_fields(sample):
-                if field_number == 1:
-                    assert isinstance(value, bytes)
-                    bits = int.from_bytes(value, "little")
-                elif field_number == 2:
-                    assert isinstance(value, int)
-                    t = value - (1 << 64) if value >= 1 << 63 else value
-            samples.append((t, bits))
-        out.append(samples)
-    return out
 
 
 def expected_series(batch: Batch) -> dict[Labels, list[tuple[int, int]]]:
@@ -413,129 +359,7 @@ def test_property_matches_reference_model(batch: Batch) -> None:
     assert actual_series(raw) == expected_series(batch)
 
 
-# -- mock receiver -----------------------------------------------------------------------------------
-
-
-@dataclass
-class Reply:
-    status: int = 204
-    body: bytes = b""
-    headers: dict[str, str] = field(default_factory=dict)
-    delay_s: float = 0.0
-    raw: bytes | None = None  # sent verbatim instead of an HTTP response, then the connection closes
-    content_length: int | None = None  # lie about the length (truncated body), then close
-
-
-@dataclass
-class Received:
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    client_port: int
-
-
-class MockReceiver:
-    """Scripted remote-write receiver on 127.0.0.1: replies are taken from ``script`` in order, then
-    ``default``."""
-
-    def __init__(self) -> None:
-        self.script: deque[Reply] = deque()
-        self.default = Reply()
-        self.received: list[Received] = []
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"  # keep-alive, like a real receiver
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                reply = receiver._record(self, body)
-                if reply.delay_s:
-                    time.sleep(reply.delay_s)
-                try:
-                    if reply.raw is not None:
-                        self.wfile.write(reply.raw)
-                        self.close_connection = True
-                        return
-                    self.send_response(reply.status)
-                    for name, value in reply.headers.items():
-                        self.send_header(name, value)
-                    length = len(reply.body) if reply.content_length is None else reply.content_length
-                    self.send_header("Content-Length", str(length))
-                    self.end_headers()
-                    self.wfile.write(reply.body)
-                    self.wfile.flush()
-                    if reply.content_length is not None:
-                        self.close_connection = True
-                except OSError:  # the client gave up (timeout) or stopped reading a huge body
-                    self.close_connection = True
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        # Short poll interval: shutdown() waits for it, once per test.
-        self.thread = threading.Thread(target=self.server.serve_forever, args=(0.02,), daemon=True)
-
-    def _record(self, handler: http.server.BaseHTTPRequestHandler, body: bytes) -> Reply:
-        with self._lock:
-            self.received.append(
-                Received(handler.path, dict(handler.headers.items()), body, handler.client_address[1])
-            )
-            return self.script.popleft() if self.script else self.default
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/write"
-
-    def __enter__(self) -> MockReceiver:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-class FakeTime:
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self.sleeps: list[float] = []
-
-    def sleep(self, seconds: float) -> None:
-        self.sleeps.append(seconds)
-        self.now += seconds
-
-    def clock(self) -> float:
-        return self.now
-
-
-class MaxRng:
-    """r = 1.0: full jitter returns the ceiling, so delays are deterministic."""
-
-    def random(self) -> float:
-        return 1.0
-
-
-@pytest.fixture(autouse=True)
-def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    # requests honours *_proxy variables; our test traffic must go straight to 127.0.0.1.
-    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-
-
-@pytest.fixture
-def receiver() -> Iterator[MockReceiver]:
-    with MockReceiver() as r:
-        yield r
-
-
-@pytest.fixture
-def fake_time() -> FakeTime:
-    return FakeTime()
+# -- the client under test, against rw_mock.MockReceiver --------------------------------------------
 
 
 def make_client(url: str, fake_time: FakeTime, **kwargs: object) -> RemoteWriteClient:

@@ -5,24 +5,26 @@ Mimir wants the tenant in ``X-Scope-OrgID``, Thanos Receive in ``THANOS-TENANT``
 the headers the remote-write client sets itself (the protocol's) cannot be overridden, and a header the
 HTTP stack could not send is a configuration error at load time (``cloud-ingest check-config`` says so),
 not an exception in a worker thread on the first batch. Requests go to the scripted ``MockReceiver`` of
-``tests/test_write.py`` on 127.0.0.1.
+``tests/rw_mock.py`` on 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from rw_mock import FakeTime, MockReceiver, Reply
+
+# Fixtures, asked for by their pytest names: _no_proxies (autouse), receiver, fake_time.
+from rw_mock import fake_time_fixture as fake_time_fixture
+from rw_mock import no_proxies_fixture as no_proxies_fixture
+from rw_mock import receiver_fixture as receiver_fixture
 from test_write import (
     DEFAULT_USER_AGENT,
-    FakeTime,
-    MockReceiver,
-    Reply,
     actual_series,
     expected_series,
     make_client,
@@ -42,27 +44,6 @@ TENANT_HEADERS = {
     "thanos": {"THANOS-TENANT": "fleet-north"},
     "gateway": {"Authorization": "Bearer abc.def-123", "X-Scope-OrgID": "a|b"},
 }
-
-
-@pytest.fixture(autouse=True)
-def _no_proxies(monkeypatch: pytest.MonkeyPatch) -> None:
-    # requests honours *_proxy variables; test traffic must go straight to 127.0.0.1.
-    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    for var in ("CLOUD_INGEST_CLIENT_ID", "CLOUD_INGEST_REMOTE_WRITE_URL", "CLOUD_INGEST_MQTT_PASSWORD"):
-        monkeypatch.delenv(var, raising=False)
-
-
-@pytest.fixture
-def receiver() -> Iterator[MockReceiver]:
-    with MockReceiver() as r:
-        yield r
-
-
-@pytest.fixture
-def fake_time() -> FakeTime:
-    return FakeTime()
 
 
 def write_config(tmp_path: Path, headers: Any, url: str = "http://127.0.0.1:9/api/v1/write") -> Path:

@@ -1,0 +1,303 @@
+"""Shared helpers for the remote-write tests (``test_write.py``, ``test_write_headers.py``,
+``test_rw_compliance.py``) and ``bench/ingest_load_bench.py``:
+
+- a reader of the protobuf wire format and of the snappy *block* format, written from the specs and
+  independent of ``cloud_ingest.write`` and of cramjam (value bits straight off the wire: no protobuf
+  runtime can canonicalise a NaN or drop the sign of -0 on the way);
+- ``MockReceiver``, a scripted remote-write receiver on 127.0.0.1, and the fake clock and jitter source
+  the retry tests drive the client with;
+- the fixtures ``_no_proxies`` (autouse), ``receiver`` and ``fake_time``.  A test module imports the
+  functions, each as ``from rw_mock import receiver_fixture as receiver_fixture`` (the redundant alias
+  marks an import meant to be there though unused by name, so ruff's F401 needs no noqa), and asks for
+  the fixtures by their pytest names; the autouse one then applies to the importing module only.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from schemas.model import Labels
+
+# -- wire format ---------------------------------------------------------------------------------------------
+
+
+def bits_to_float(bits: int) -> float:
+    return float(struct.unpack("<d", struct.pack("<Q", bits))[0])
+
+
+def read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """The unsigned varint at ``pos``, and the position after it."""
+    result = shift = 0
+    while True:
+        byte = buf[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        shift += 7
+        if byte < 0x80:
+            return result, pos
+
+
+def wire_fields(buf: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """(field number, value) of a serialized message, in wire order: varints as int, fixed64 and
+    length-delimited fields as bytes.  Lazy: taking the first field reads no further."""
+    pos = 0
+    while pos < len(buf):
+        key, pos = read_varint(buf, pos)
+        number, wire_type = key >> 3, key & 7
+        if wire_type == 0:
+            value, pos = read_varint(buf, pos)
+            yield number, value
+        elif wire_type == 1:
+            yield number, buf[pos : pos + 8]
+            pos += 8
+        elif wire_type == 2:
+            n, pos = read_varint(buf, pos)
+            yield number, buf[pos : pos + n]
+            pos += n
+        else:
+            raise AssertionError(f"unexpected wire type {wire_type}")
+
+
+def wire_timeseries(buf: bytes) -> tuple[Labels, list[tuple[int, int]]]:
+    """A serialized TimeSeries: its labels in wire order and its (timestamp, value bits) in wire order."""
+    lset: list[tuple[str, str]] = []
+    samples: list[tuple[int, int]] = []
+    for number, value in wire_fields(buf):
+        assert isinstance(value, bytes)
+        if number == 1:
+            name = val = ""
+            for n, part in wire_fields(value):
+                assert isinstance(part, bytes)
+                if n == 1:
+                    name = part.decode()
+                elif n == 2:
+                    val = part.decode()
+            lset.append((name, val))
+        elif number == 2:
+            t = bits = 0
+            for n, part in wire_fields(value):
+                if n == 1:
+                    assert isinstance(part, bytes)
+                    bits = int.from_bytes(part, "little")
+                elif n == 2:
+                    assert isinstance(part, int)
+                    t = part - (1 << 64) if part >= 1 << 63 else part
+            samples.append((t, bits))
+    return tuple(lset), samples
+
+
+def wire_samples(raw: bytes) -> list[list[tuple[int, int]]]:
+    """(timestamp, value bits) per TimeSeries, read from the raw WriteRequest bytes."""
+    out = []
+    for number, ts in wire_fields(raw):
+        assert number == 1 and isinstance(ts, bytes)
+        out.append(wire_timeseries(ts)[1])
+    return out
+
+
+def snappy_block_decode(data: bytes) -> bytes:
+    """Snappy block format (format_description.txt of google/snappy): a varint with the uncompressed
+    length, then literals and back-references; written from the spec, shares no code with cramjam."""
+    length, pos = read_varint(data, 0)
+    out = bytearray()
+    while pos < len(data):
+        tag = data[pos]
+        pos += 1
+        kind = tag & 3
+        if kind == 0:  # literal
+            n = tag >> 2
+            if n >= 60:
+                extra = n - 59
+                n = int.from_bytes(data[pos : pos + extra], "little")
+                pos += extra
+            n += 1
+            assert pos + n <= len(data), "literal runs past the end"
+            out += data[pos : pos + n]
+            pos += n
+            continue
+        if kind == 1:
+            n = ((tag >> 2) & 7) + 4
+            offset = ((tag >> 5) << 8) | data[pos]
+            pos += 1
+        elif kind == 2:
+            n = (tag >> 2) + 1
+            offset = int.from_bytes(data[pos : pos + 2], "little")
+            pos += 2
+        else:
+            n = (tag >> 2) + 1
+            offset = int.from_bytes(data[pos : pos + 4], "little")
+            pos += 4
+        assert 0 < offset <= len(out), f"copy offset {offset} outside the {len(out)} bytes decoded"
+        if offset >= n:
+            start = len(out) - offset
+            out += out[start : start + n]
+        else:  # overlapping copy: byte by byte
+            for _ in range(n):
+                out.append(out[-offset])
+    assert len(out) == length, f"preamble says {length} bytes, decoded {len(out)}"
+    return bytes(out)
+
+
+# -- a scripted receiver -------------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    status: int = 204
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+    raw: bytes | None = None  # sent verbatim instead of an HTTP response, then the connection closes
+    content_length: int | None = None  # lie about the length (truncated body), then close
+
+
+@dataclass
+class Received:
+    path: str
+    header_items: list[tuple[str, str]]  # as sent, in order, duplicates kept
+    body: bytes
+    client_port: int
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """By name as spelled on the wire (case-sensitive); a name sent twice: its last value."""
+        return dict(self.header_items)
+
+
+class MockReceiver:
+    """Scripted remote-write receiver on 127.0.0.1: replies are taken from ``script`` in order, then
+    ``default``; every request is kept in ``received``.
+
+    ``with MockReceiver() as r`` (or ``start()`` / ``stop()``) serves on a free port.  Give ``port``
+    (e.g. ``services.free_port()``) to know the URL before it starts: until then a client gets
+    connection refused, and a stopped receiver started again listens on the same port."""
+
+    def __init__(self, port: int = 0) -> None:
+        self.script: deque[Reply] = deque()
+        self.default = Reply()
+        self.received: list[Received] = []
+        self._port = port
+        self._lock = threading.Lock()
+        self._server: ThreadingHTTPServer | None = None
+
+    @property
+    def port(self) -> int:
+        if not self._port:
+            raise RuntimeError("MockReceiver: not started and no port given")
+        return self._port
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/api/v1/write"
+
+    def _record(self, handler: BaseHTTPRequestHandler, body: bytes) -> Reply:
+        with self._lock:
+            self.received.append(
+                Received(handler.path, list(handler.headers.items()), body, handler.client_address[1])
+            )
+            return self.script.popleft() if self.script else self.default
+
+    def start(self) -> MockReceiver:
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, like a real receiver
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                reply = receiver._record(self, body)
+                if reply.delay_s:
+                    time.sleep(reply.delay_s)
+                try:
+                    if reply.raw is not None:
+                        self.wfile.write(reply.raw)
+                        self.close_connection = True
+                        return
+                    self.send_response(reply.status)
+                    for name, value in reply.headers.items():
+                        self.send_header(name, value)
+                    length = len(reply.body) if reply.content_length is None else reply.content_length
+                    self.send_header("Content-Length", str(length))
+                    self.end_headers()
+                    self.wfile.write(reply.body)
+                    self.wfile.flush()
+                    if reply.content_length is not None:
+                        self.close_connection = True
+                except OSError:  # the client gave up (timeout) or stopped reading a huge body
+                    self.close_connection = True
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        # HTTPServer sets SO_REUSEADDR (a port picked and released earlier can be bound at once);
+        # ThreadingHTTPServer's handler threads are daemons.
+        self._server = ThreadingHTTPServer(("127.0.0.1", self._port), Handler)
+        self._port = int(self._server.server_address[1])
+        # Short poll interval: shutdown() waits for it, once per test.
+        threading.Thread(target=self._server.serve_forever, args=(0.02,), daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> MockReceiver:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def clock(self) -> float:
+        return self.now
+
+
+class MaxRng:
+    """r = 1.0: full jitter returns the ceiling, so delays are deterministic."""
+
+    def random(self) -> float:
+        return 1.0
+
+
+# -- fixtures ------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(name="_no_proxies", autouse=True)
+def no_proxies_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
+    # requests honours *_proxy variables; test traffic must go straight to 127.0.0.1.  And the
+    # ingester's environment overrides must not leak in from the shell running the tests.
+    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    for var in ("CLOUD_INGEST_CLIENT_ID", "CLOUD_INGEST_REMOTE_WRITE_URL", "CLOUD_INGEST_MQTT_PASSWORD"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(name="receiver")
+def receiver_fixture() -> Iterator[MockReceiver]:
+    with MockReceiver() as r:
+        yield r
+
+
+@pytest.fixture(name="fake_time")
+def fake_time_fixture() -> FakeTime:
+    return FakeTime()

@@ -40,8 +40,12 @@ from schemas import codec
 from schemas.model import Batch, Labels, ScrapeBlock
 
 # Bytes a sample costs in a batch whose label table is already paid for: the v2 columnar codec's
-# delta-encoded, zstd-compressed values, as measured by bench/codec_bench.py on the simulator's series.
+# delta-encoded, zstd-compressed values, as measured by bench/codec_bench.py on the simulator's series
+# (0.7-1.1 B by class at the 5 s scrape interval) ...
 VALUE_BYTES_PER_SAMPLE = 1.0
+# ... and what each doubling of the resolution adds (longer steps, larger deltas): Kepler's counters
+# cost 0.96 B/sample at 5 s and 1.61 at 15 s in a 60 s window of the simulator's workload.
+VALUE_BYTES_PER_DOUBLING = 0.4
 # Any fixed time will do: the estimate must not depend on when it runs.
 _PLAN_TIMESTAMP_MS = 1_700_000_000_000
 # A seq as a relay has after years of batches (msgpack writes it in 5 bytes, not 1).
@@ -110,14 +114,19 @@ def encoded_scrape_bytes(
     )
 
 
-def estimate_bytes_per_second(table_bytes: int, samples: int, resolution_s: float, window_s: float) -> float:
-    """A class's cost: one label table per batch, ``VALUE_BYTES_PER_SAMPLE`` per further sample."""
+def estimate_bytes_per_second(
+    table_bytes: int, samples: int, resolution_s: float, window_s: float, interval_s: float | None = None
+) -> float:
+    """A class's cost: one label table per batch, ``VALUE_BYTES_PER_SAMPLE`` per further sample, plus
+    ``VALUE_BYTES_PER_DOUBLING`` for each doubling of ``resolution_s`` over the scrape interval."""
     if samples == 0:
         return 0.0
     if resolution_s >= window_s:
         return table_bytes / resolution_s  # a batch carries the class only once per resolution step
     further = (window_s / resolution_s - 1) * samples
-    return (table_bytes + further * VALUE_BYTES_PER_SAMPLE) / window_s
+    doublings = math.log2(resolution_s / interval_s) if interval_s and resolution_s > interval_s else 0.0
+    value_bytes = VALUE_BYTES_PER_SAMPLE + VALUE_BYTES_PER_DOUBLING * doublings
+    return (table_bytes + further * value_bytes) / window_s
 
 
 def steady_rate(budget: Budget, now: float | None = None) -> float:
@@ -175,7 +184,7 @@ def plan(
             split_cost[parts] = max(1.0, split / whole) if whole else 1.0
         scale = split_cost[parts]
         return [
-            estimate_bytes_per_second(round(tables[i] * scale), counts[i], resolution[i], window)
+            estimate_bytes_per_second(round(tables[i] * scale), counts[i], resolution[i], window, interval_s)
             for i in range(len(tables))
         ]
 

@@ -633,6 +633,9 @@ def test_cost_model() -> None:
     assert est(5000, 100, 60.0, 60.0) == pytest.approx(5000 / 60)
     assert est(5000, 100, 300.0, 60.0) == pytest.approx(5000 / 300)  # one batch in five carries it
     assert est(0, 0, 5.0, 60.0) == 0.0
+    # Coarser steps carry larger deltas: 0.4 B more per sample for each doubling over the interval.
+    assert est(5000, 100, 20.0, 60.0, 5.0) == pytest.approx((5000 + 2 * 100 * (1.0 + 2 * 0.4)) / 60)
+    assert est(5000, 100, 5.0, 60.0, 5.0) == est(5000, 100, 5.0, 60.0)
 
 
 def test_plan_at_full_resolution_when_it_fits(plan_budget: Budget, by_class: dict[str, Any]) -> None:
@@ -646,7 +649,9 @@ def test_plan_at_full_resolution_when_it_fits(plan_budget: Budget, by_class: dic
         assert not p.degraded and p.bytes_per_second == p.full_bytes_per_second
         assert p.table_bytes == budget_cmd.encoded_scrape_bytes(by_class[p.name])
         assert p.full_bytes_per_second == pytest.approx(
-            budget_cmd.estimate_bytes_per_second(p.table_bytes, p.samples_per_scrape, p.full_resolution_s, 60)
+            budget_cmd.estimate_bytes_per_second(
+                p.table_bytes, p.samples_per_scrape, p.full_resolution_s, 60, 5.0
+            )
         )
 
 
@@ -659,8 +664,8 @@ def test_plan_degrades_the_last_class_first_by_doubling(
     # Just enough when b is at its maximum and a has doubled twice.
     allowed = (
         crit.full_bytes_per_second
-        + est(a.table_bytes, a.samples_per_scrape, 20.0, 60)
-        + est(b.table_bytes, b.samples_per_scrape, 80.0, 60)
+        + est(a.table_bytes, a.samples_per_scrape, 20.0, 60, 5.0)
+        + est(b.table_bytes, b.samples_per_scrape, 80.0, 60, 5.0)
         + 0.01
     )
     plans = budget_cmd.plan(plan_budget, by_class, 5.0, allowed_bytes_per_second=allowed)
@@ -668,7 +673,9 @@ def test_plan_degrades_the_last_class_first_by_doubling(
     assert [p.degraded for p in plans] == [False, True, True]
     assert sum(p.bytes_per_second for p in plans) <= allowed
     # A little more room: b alone gives way, only as far as needed (10 -> 20 -> 40).
-    allowed = crit.full_bytes_per_second + a.full_bytes_per_second + est(b.table_bytes, 400, 40.0, 60) + 0.01
+    allowed = (
+        crit.full_bytes_per_second + a.full_bytes_per_second + est(b.table_bytes, 400, 40.0, 60, 5.0) + 0.01
+    )
     plans = budget_cmd.plan(plan_budget, by_class, 5.0, allowed_bytes_per_second=allowed)
     assert [p.resolution_s for p in plans] == [5.0, 5.0, 40.0]
 
@@ -733,7 +740,7 @@ def test_plan_counts_what_splitting_a_window_for_a_small_cap_costs(
     for w, p in zip(whole, split, strict=True):
         assert p.full_bytes_per_second == pytest.approx(
             budget_cmd.estimate_bytes_per_second(
-                round(w.table_bytes * scale), w.samples_per_scrape, p.full_resolution_s, 60
+                round(w.table_bytes * scale), w.samples_per_scrape, p.full_resolution_s, 60, 5.0
             )
         )
     # The split estimate follows what the relay's encoder really builds from such a window.

@@ -874,7 +874,9 @@ def run_budget(args: argparse.Namespace) -> str:
             )
             from edge_relay.budget import load as load_budget
 
-            args.burst = load_budget(budget).uplink.burst_bytes  # the file's default if not given
+            uplink = load_budget(budget).uplink
+            args.burst = uplink.burst_bytes  # the file's default if not given
+            args.batch_cap = uplink.batch_cap(relay_schema_defaults("batch")["max_bytes"])
             overrides, warnings = relay_overrides(args, work, sim.urls, budget)
             if "budget_file" not in overrides:
                 raise RuntimeError("the relay refuses the budget file: " + " ".join(warnings))
@@ -1207,7 +1209,7 @@ def budget_observations(
     if whole.max_excess > burst:
         # The controller's bound: burst + one batch (a batch is capped as the note below says, plus its
         # MQTT framing).
-        bound = burst + batch_cap(burst) + 512
+        bound = burst + args.batch_cap + 512
         out.append(
             f"over some interval (drain included) the wire carried {whole.max_excess:,.0f} B more than "
             f"rate x length: above the {burst:,} B burst, "
@@ -1252,16 +1254,11 @@ def budget_observations(
     if published:
         out.append(
             f"{published:,.0f} batches published in the run, {payload / published:,.0f} B of payload each: "
-            f"the relay caps a batch at {batch_cap(burst):,} B (burst - 512, at least 4 KiB: the pacer "
+            f"the relay caps a batch at {args.batch_cap:,} B (burst - 512, at least 4 KiB: the pacer "
             "sends a batch only when the bucket holds all of it), so a batch window that encodes to more is "
             "split by series"
         )
     return out
-
-
-def batch_cap(burst: int) -> int:
-    """The relay's largest batch under a budget of this burst (``Uplink.batch_cap``, default max_bytes)."""
-    return min(1_000_000, max(4096, burst - 512))
 
 
 # ------------------------------------------------------------------------------------------ main

@@ -904,3 +904,40 @@ def test_budget_command_is_registered_in_the_real_cli() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "--config" in result.stdout and "--budget" in result.stdout and "--json" in result.stdout
+
+
+def test_relay_caps_batches_at_the_burst_and_warns_about_a_small_one(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from edge_relay.relay import Relay
+    from edge_relay.selfmetrics import RelayMetrics
+
+    budget_path = write(
+        tmp_path, "version: 1\nuplink: {sustained_bytes_per_second: 280, burst_bytes: 5600}\n"
+    )
+    config = tmp_path / "relay.yaml"
+    config.write_text(
+        "node: n1\ntargets: [{name: k, url: 'http://127.0.0.1:9/metrics'}]\n"
+        f"spool: {{path: {tmp_path / 'spool.db'}}}\nbudget_file: budget.yaml\n"
+        "mqtt: {port: 9}\nmetrics: {listen: ''}\n"
+    )
+    with caplog.at_level("WARNING", logger="edge_relay"):
+        relay = Relay(relay_settings.load(str(config)), RelayMetrics())
+    try:
+        assert relay.encoder.max_bytes == 5600 - 512
+        assert any(
+            "uplink.burst_bytes: 5600" in r.getMessage() and str(budget_path) in r.getMessage()
+            for r in caplog.records
+        )
+        # Reloaded with the default burst (two 60 s windows): one window is one batch again, no warning.
+        caplog.clear()
+        budget_path.write_text(
+            "version: 1\nuplink: {sustained_bytes_per_second: 280}\nclasses: [{name: all}]\n"
+        )
+        with caplog.at_level("WARNING", logger="edge_relay"):
+            relay._maybe_reload_budget()
+        assert relay.budget is not None and relay.budget.uplink.burst_bytes == 2 * 280 * 60
+        assert relay.encoder.max_bytes == 2 * 280 * 60 - 512
+        assert not [r for r in caplog.records if "burst_bytes" in r.getMessage()]
+    finally:
+        relay.spool.close()

@@ -8,11 +8,12 @@ lowest priority (last) class first, its resolution doubled step by step up to it
 Cost model, per class: one scrape of the class encoded as a batch with the relay's wire format gives
 the cost of a batch's label table (plus one value per series); each further sample of the batch window
 costs ``VALUE_BYTES_PER_SAMPLE``, plus ``VALUE_BYTES_PER_DOUBLING`` for each doubling of the class's
-resolution over the scrape interval (larger deltas). One batch per ``batch_window_seconds`` (or per resolution step, when
-that is longer). A window's batch larger than the relay's cap (``Uplink.batch_cap``: the burst less
-the MQTT framing) is split by series into parts that each repeat the label strings they share; the
-estimate then scales every label table by what splitting this scrape into as many parts costs.
-MQTT framing, acks and status messages add a few bytes per second and are left out.
+resolution over the scrape interval (larger deltas). One batch per ``batch_window_seconds`` (or per
+resolution step, when that is longer). A window's batch larger than the relay's cap
+(``Uplink.batch_cap``: the burst less the MQTT framing) is split by series into parts that each repeat
+the label strings they share; the estimate then scales every label table by what splitting this
+scrape into as many parts costs. MQTT framing, acks and status messages add a few bytes per second and
+are left out.
 ``plan`` is pure (no I/O, no clock) so the controller's tests can reuse it.
 """
 

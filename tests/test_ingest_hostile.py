@@ -48,10 +48,10 @@ import yaml
 import zstandard
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
+from rw_mock import no_proxies_fixture as no_proxies_fixture  # the shared fixtures (explicit re-exports)
 from services import Prometheus, wait_until
 from test_ingest import CLUSTER as INGEST_CLUSTER
 from test_ingest import METRIC, Edge, Ingesters, as_expected, expected_samples, make_batch, now_ms, sample
-from test_ingest import _no_proxies as _no_proxies  # the shared fixtures (explicit re-exports)
 from test_ingest import edge as edge
 from test_ingest import ingesters as ingesters
 from test_ingest import receivers as receivers

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 from zoneinfo import ZoneInfo
 
-import jsonschema
 import pytest
 import yaml
 
@@ -365,27 +364,7 @@ def test_unreadable_file_is_a_config_error(tmp_path: Path) -> None:
 # The schema and its documentation
 
 
-def schema_properties(schema: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, dict[str, Any]]]:
-    for name, sub in schema.get("properties", {}).items():
-        key = f"{prefix}{name}"
-        yield key, sub
-        yield from schema_properties(sub, f"{key}.")
-        if isinstance(sub.get("items"), dict):
-            yield from schema_properties(sub["items"], f"{key}[].")
-
-
-def test_schema_is_valid_documented_and_closed() -> None:
-    schema = config_loader.load_schema(SCHEMA)
-    jsonschema.Draft202012Validator.check_schema(schema)
-    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert schema["additionalProperties"] is False
-    for key, sub in schema_properties(schema):
-        assert sub.get("description"), f"{key} has no description"
-        if sub.get("type") == "object" and "properties" in sub:
-            assert sub.get("additionalProperties") is False, f"{key} accepts unknown keys"
-        if "default" in sub:
-            errors = list(jsonschema.Draft202012Validator(sub).iter_errors(sub["default"]))
-            assert not errors, f"default of {key} violates its own schema"
+# Valid, documented, closed: tests/test_config.py checks this schema with the two config schemas.
 
 
 def test_schema_presets_are_the_code_presets() -> None:

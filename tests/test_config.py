@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from cloud_ingest import settings as cloud_settings
+from edge_relay import budget as relay_budget
 from edge_relay import settings as edge_settings
 from relay_common import config as config_loader
 from relay_common import configdoc
@@ -24,6 +25,7 @@ EDGE_EXAMPLE = ROOT / "deploy" / "examples" / "edge-relay.yaml"
 CLOUD_EXAMPLE = ROOT / "deploy" / "examples" / "cloud-ingest.yaml"
 EDGE_SCHEMA = edge_settings.SCHEMA
 CLOUD_SCHEMA = cloud_settings.SCHEMA
+BUDGET_SCHEMA = relay_budget.SCHEMA
 
 ENV_VARS = (
     "EDGE_RELAY_NODE",
@@ -627,10 +629,11 @@ def test_env_cloud_remote_write_url_is_validated(tmp_path: Path, monkeypatch: py
 # The JSON Schemas
 
 
-@pytest.mark.parametrize("schema_name", [EDGE_SCHEMA, CLOUD_SCHEMA])
+@pytest.mark.parametrize("schema_name", [EDGE_SCHEMA, CLOUD_SCHEMA, BUDGET_SCHEMA])
 def test_schema_is_valid_and_documented(schema_name: str) -> None:
     schema = config_loader.load_schema(schema_name)
     jsonschema.Draft202012Validator.check_schema(schema)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     assert schema["additionalProperties"] is False
     for key, sub in schema_properties(schema):
         assert sub.get("description"), f"{key} has no description"

@@ -3,43 +3,26 @@ hostile input, and the size gain on a realistic window.  Speed lives in bench/co
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import random
-import time
-import tracemalloc
 from array import array
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_codec import GOLDEN, T0, _expected, _golden, _measure, decode_error, mg  # shared helpers
 
 from edge_relay.encode import to_batch
 from edge_relay.parse import SeriesCache, parse
 from edge_relay.shape import TargetShaper
 from edge_relay.simulate import EXPORTERS, Simulator
-from schemas import codec, columnar, schema_path
+from schemas import codec, columnar
 from schemas.codec import DEFAULT_LIMITS, DecodeError, EncodeError, Limits
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 
-
-def _load_make_golden() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("make_golden", schema_path("golden/make_golden.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mg = _load_make_golden()
-GOLDEN = schema_path("golden")
-T0 = mg.T0
 V2 = codec.FORMAT_V2
 STREAM = {name: i for i, name in enumerate(codec.V2_STREAMS)}
 
@@ -61,16 +44,6 @@ def samples(batch: Batch) -> Counter[Sample]:
 
 def encode2(batch: Batch, level: int = 3, **kwargs: Any) -> bytes:
     return codec.encode_batch(batch, level, version=V2, **kwargs)
-
-
-def decode_error(data: bytes, limits: Limits = DEFAULT_LIMITS, *, peek: bool = False) -> DecodeError:
-    fn = codec.peek_header if peek else codec.decode_batch
-    with pytest.raises(DecodeError) as info:
-        fn(data, limits)
-    err = info.value
-    assert err.reason in codec.REASONS
-    assert not err.message.startswith("unhandled"), err
-    return err
 
 
 def decodes_or_refuses(data: bytes) -> None:
@@ -483,17 +456,6 @@ def test_small_pieces() -> None:
 # golden vectors
 
 
-def _golden(prefix: str) -> list[Path]:
-    found = sorted(GOLDEN.glob(f"{prefix}*.bin"))
-    assert found, f"no golden vectors {prefix}*.bin in {GOLDEN}"
-    return found
-
-
-def _expected(path: Path) -> dict[str, Any]:
-    result: dict[str, Any] = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
-    return result
-
-
 def test_golden_v2_covers_the_v1_batches() -> None:
     assert {p.stem for p in _golden("v2_batch_")} >= {f"v2_{p.stem}" for p in _golden("batch_")}
 
@@ -710,18 +672,6 @@ def test_fuzz_streams(data: st.DataObject) -> None:
 def test_fuzz_v2_envelope(blob: bytes) -> None:
     decode_error(b"ERB\x02" + blob)
     decodes_or_refuses(mg.raw_envelope(mg.header_for(blob, codec=codec.CODEC_V2), version=V2))
-
-
-def _measure(fn: Callable[[], DecodeError]) -> tuple[DecodeError, float, int]:
-    tracemalloc.start()
-    start = time.monotonic()
-    try:
-        err = fn()
-    finally:
-        elapsed = time.monotonic() - start
-        peak = tracemalloc.get_traced_memory()[1]
-        tracemalloc.stop()
-    return err, elapsed, peak
 
 
 HUGE = 10**9

@@ -318,6 +318,10 @@ def decimal_scale(values: list[float], k_hint: int) -> tuple[int, list[int]] | N
 # Values of one series
 
 
+_INT64_MIN: Final = -(2**63)
+_INT64_LIMIT: Final = 2**63
+
+
 def _plan_deltas(ms: list[int]) -> tuple[bool, int, list[int], int] | None:
     """(order 2?, width, deltas, cost in bits) for the integers of a series; None if too wide.
 
@@ -329,7 +333,9 @@ def _plan_deltas(ms: list[int]) -> tuple[bool, int, list[int], int] | None:
     d1 = list(map(sub, ms[1:], ms))
     lo, hi = min(d1), max(d1)
     best = (False, width_for(lo, hi), d1, sum(map(int.bit_length, d1)))
-    if len(ms) >= 3 and (lo or hi):
+    # Order 2 writes the first delta as a zigzag varint, which must fit 64 bits: between the raw bits
+    # of -0.0 (-2**63 read as int64) and a positive value it does not.
+    if len(ms) >= 3 and (lo or hi) and _INT64_MIN <= d1[0] < _INT64_LIMIT:
         d2 = list(map(sub, d1[1:], d1))
         cost2 = sum(map(int.bit_length, d2)) + zigzag(d1[0]).bit_length()
         if cost2 < best[3]:
@@ -429,10 +435,6 @@ class ValueEncoder:
             bytes(self.stale),
             shuffle(xor_col.tobytes(), 8),
         )
-
-
-_INT64_MIN: Final = -(2**63)
-_INT64_LIMIT: Final = 2**63
 
 
 class ValueDecoder:

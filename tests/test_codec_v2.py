@@ -177,6 +177,22 @@ def test_every_value_bit_pattern_survives() -> None:
     assert samples(codec.decode_batch(encode2(batch))) == samples(batch)
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        [-0.0, 0.0, 2.68156158598852e154],  # found by hypothesis: order-2 first delta of 2**63
+        [-0.0, 1.0, 2.0, 3.0],
+        [-1e300, 0.0, 1e300],
+    ],
+)
+def test_deltas_that_leave_int64_still_round_trip(values: list[float]) -> None:
+    # Between the raw bits of a negative float (int64 near -2**63) and a positive one, the first
+    # difference does not fit 64 bits: the encoder must not pick an order that writes it.
+    blocks = [ScrapeBlock(T0 + i, array("I", [0]), array("d", [v])) for i, v in enumerate(values)]
+    batch = Batch("c", "n", 1, [mg.labels("m")], blocks)
+    assert samples(codec.decode_batch(encode2(batch))) == samples(batch)
+
+
 def test_stale_markers_keep_a_series_decimal() -> None:
     stale = mg.f64(STALE_NAN_BITS)
     values = [[1.5, 2.25, stale, 3.0], [stale, 0.125, 0.25, stale], [stale, stale, stale, stale]]

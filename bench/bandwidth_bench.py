@@ -1327,10 +1327,7 @@ def main() -> int:
 
     started = time.monotonic()
     report = run_budget(args) if args.budget_scenario else run(args)
-    report += f"\nBench wall time {(time.monotonic() - started) / 60:.1f} min; `{' '.join(sys.argv)}`.\n"
-    path = write_results("budget" if args.budget_scenario else "bandwidth", report)
-    print(report)
-    log(f"written to {path.relative_to(ROOT)}")
+    write_results("budget" if args.budget_scenario else "bandwidth", report, started)
     return 0
 
 

@@ -610,10 +610,15 @@ def table(headers: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(headers), sep, *(line(r) for r in rows)])
 
 
-def write_results(mode: str, text: str) -> Path:
+def write_results(mode: str, report: str, started: float) -> Path:
+    """Print ``report`` with the bench's wall time (since monotonic ``started``) and command line, and
+    write it to ``bench/results/<timestamp>-<mode>.md``."""
+    report += f"\nBench wall time {(time.monotonic() - started) / 60:.1f} min; `{' '.join(sys.argv)}`.\n"
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{mode}.md"
-    path.write_text(text)
+    path.write_text(report)
+    print(report)
+    log(f"written to {path.relative_to(ROOT)}")
     return path
 
 
@@ -1078,10 +1083,7 @@ def main() -> int:
 
     started = time.monotonic()
     report = run_faults(args) if args.faults else run_outage(args)
-    report += f"\nBench wall time {(time.monotonic() - started) / 60:.1f} min; `{' '.join(sys.argv)}`.\n"
-    path = write_results("faults" if args.faults else "outage", report)
-    print(report)
-    log(f"written to {path.relative_to(ROOT)}")
+    write_results("faults" if args.faults else "outage", report, started)
     return 0
 
 

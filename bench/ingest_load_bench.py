@@ -258,15 +258,6 @@ class NodeEncoder:
         return out
 
 
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def v2_segments(payload: bytes) -> list[bytes]:
     """The 15 stream segments of a v2 envelope's body, each as written: uvarint(length) + zstd frame.
     The streams are compressed one by one (wire-format.md section 3.2), so a body is the plain
@@ -397,7 +388,7 @@ class WindowNodeEncoder:
         pool = (tick + self._shift) % V2_POOL
         times = self.templates.times(ts_ms)
         frame = self._zstd.compress(bytes(columnar.encode_times(times)))
-        times_segment = uvarint(len(frame)) + frame
+        times_segment = bytes(columnar.uvarints([len(frame)])) + frame
         out = []
         for k, (lo, hi) in enumerate(self.chunks):
             groups, values = self.shared[k][pool]

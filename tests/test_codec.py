@@ -684,6 +684,7 @@ def _bad_batch(**changes: Any) -> Batch:
         (_bad_batch(labelsets=[[("__name__", "up")]], scrapes=[]), "malformed"),
         (_bad_batch(labelsets=[(("__name__", "up", "x"),)], scrapes=[]), "malformed"),
         (_bad_batch(labelsets=[(("__name__", b"up"),)], scrapes=[]), "malformed"),
+        (_bad_batch(labelsets=[(("__name__", "up"), ("a", "\udc80"))], scrapes=[]), "malformed"),
         (_bad_batch(scrapes=[ScrapeBlock(T0, array("I", [5]), array("d", [1.0]))]), "bad_index"),
         (_bad_batch(scrapes=[ScrapeBlock(T0, array("I", [0, 1]), array("d", [1.0]))]), "length_mismatch"),
         (
@@ -698,9 +699,11 @@ def _bad_batch(**changes: Any) -> Batch:
         (_bad_batch(scrapes=[(T0, [0], [1.0])]), "malformed"),
     ],
 )
-def test_encoder_refuses_what_the_decoder_would(batch: Batch, reason: str) -> None:
+@pytest.mark.parametrize("version", [codec.FORMAT_V1, codec.FORMAT_V2])
+def test_encoder_refuses_what_the_decoder_would(batch: Batch, reason: str, version: int) -> None:
+    # Both wire formats share the encoder-side validation.
     with pytest.raises(EncodeError) as info:
-        codec.encode_batch(batch)
+        codec.encode_batch(batch, version=version)
     assert info.value.reason == reason
 
 

@@ -13,7 +13,16 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_codec import GOLDEN, T0, _expected, _golden, _measure, decode_error, mg  # shared helpers
+from test_codec import (  # shared helpers
+    GOLDEN,
+    T0,
+    _bad_batch,
+    _expected,
+    _golden,
+    _measure,
+    decode_error,
+    mg,
+)
 
 from edge_relay.encode import to_batch
 from edge_relay.parse import SeriesCache, parse
@@ -733,36 +742,7 @@ def test_many_groups_of_empty_series_stay_bounded() -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# encoder-side validation is shared with v1
-
-
-def _bad(**changes: Any) -> Batch:
-    batch = mg.batch_small()
-    for key, value in changes.items():
-        setattr(batch, key, value)
-    return batch
-
-
-@pytest.mark.parametrize(
-    ("batch", "reason"),
-    [
-        (_bad(seq=0), "bad_header"),
-        (_bad(node="a+b"), "bad_header"),
-        (_bad(labelsets=[(("job", "x"), ("__name__", "up"))], scrapes=[]), "unsorted_labels"),
-        (_bad(labelsets=[(("__name__", "up"),), (("__name__", "up"),)], scrapes=[]), "duplicate_series"),
-        (_bad(labelsets=[(("__name__", "up"), ("a", ""))], scrapes=[]), "empty_label_value"),
-        (_bad(labelsets=[(("__name__", "up"), ("a", "\udc80"))], scrapes=[]), "malformed"),
-        (_bad(scrapes=[ScrapeBlock(T0, array("I", [5]), array("d", [1.0]))]), "bad_index"),
-        (_bad(scrapes=[ScrapeBlock(T0, array("I", [0, 1]), array("d", [1.0]))]), "length_mismatch"),
-        (_bad(scrapes=[ScrapeBlock(T0, array("I", [0, 0]), array("d", [1.0, 2.0]))]), "duplicate_sample"),
-        (_bad(scrapes=[ScrapeBlock(-1, array("I"), array("d"))]), "bad_timestamp"),
-        (_bad(scrapes=[ScrapeBlock(T0, [0], [1.0], [2**63])]), "bad_timestamp"),  # type: ignore[arg-type]
-    ],
-)
-def test_encoder_refuses_what_the_decoder_would(batch: Batch, reason: str) -> None:
-    with pytest.raises(EncodeError) as info:
-        encode2(batch)
-    assert info.value.reason == reason
+# encoder-side validation is shared with v1: tests/test_codec.py checks its refusals in both formats
 
 
 def test_encoder_limits() -> None:
@@ -786,7 +766,7 @@ def test_encoder_limits() -> None:
 
 
 def test_unvalidated_garbage_is_an_encode_error() -> None:
-    batch = _bad(scrapes=[ScrapeBlock(T0, array("I", [7]), array("d", [1.0]))])
+    batch = _bad_batch(scrapes=[ScrapeBlock(T0, array("I", [7]), array("d", [1.0]))])
     with pytest.raises(EncodeError) as info:
         encode2(batch, validate=False)
     assert info.value.reason == "malformed"

@@ -7,7 +7,8 @@ vmagent side by side on the same workload.  Not a test: it prints a markdown tab
     python bench/bandwidth_bench.py --budget-scenario            # ours alone under a too-small budget
 
 One simulator serves all of them the same payloads; each one's uplink goes through a byte-counting
-TCP proxy (``CutProxy``, never cut here) and each writes to a receiver of its own behind a tap:
+TCP proxy (``testkit.netfaults.LinkProxy``, never cut here) and each writes to a receiver of its own
+behind a tap:
 
     ours:     simulator -> edge-relay -> proxy -> mosquitto -> cloud-ingest -> tap -> Prometheus
     agent:    simulator -> prometheus --enable-feature=agent -> proxy -> tap -> Prometheus
@@ -33,49 +34,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from outage_bench import log, table, workspace, write_results  # bench/ is sys.path[0] for a script
 
-from outage_bench import (  # noqa: E402
-    CHURN_TICKS,
-    EXTERNAL,
-    NODE,
-    SEED,
-    Agent,
-    Ours,
-    System,
-    Vm,
-    ledger_totals,
-    log,
-    table,
-    workspace,
-    write_results,
-)
-from outage_harness import (  # noqa: E402
-    CutProxy,
-    ProcStats,
-    ReplayTap,
-    Score,
-    check_relay_config,
-    die_with_parent,
-    metric_sum,
-    read_metrics,
-    relay_schema_defaults,
-    samples_stamped,
-    score,
-    tool_version,
-    write_budget,
-)
-from services import Prometheus, RawSamples, VictoriaMetrics  # noqa: E402
-from stack import (  # noqa: E402
+from testkit.agents import tool_version
+from testkit.edge_systems import CHURN_TICKS, EXTERNAL, NODE, SEED, Agent, Ours, System, Vm
+from testkit.netfaults import LinkProxy
+from testkit.oracle import Score, expected_samples, read_served_log, same_value, samples_stamped, score
+from testkit.readings import ProcStats, metric_sum, read_metrics
+from testkit.rw_tap import RemoteWriteTap
+from testkit.services import Prometheus, RawSamples, VictoriaMetrics, die_with_parent
+from testkit.stack import (
     EXPORTERS,
     SimulatorProcess,
-    expected_samples,
-    read_served_log,
+    check_relay_config,
+    ledger_totals,
     relay_config,
-    same_value,
+    relay_schema_defaults,
+    write_budget,
 )
 
+ROOT = Path(__file__).resolve().parent.parent
 RECEIVERS: dict[str, type[Prometheus] | type[VictoriaMetrics]] = {
     "prometheus": Prometheus,
     "victoriametrics": VictoriaMetrics,
@@ -164,7 +142,7 @@ def attach(system: System, sim: SimulatorProcess, receiver: Prometheus | Victori
     system.workdir.mkdir(parents=True, exist_ok=True)
     system.sim = sim
     system._service(receiver)
-    system.tap = ReplayTap(receiver.remote_write_url, name=f"{system.key}-tap")
+    system.tap = RemoteWriteTap(receiver.remote_write_url, name=f"{system.key}-tap", transparent=True)
 
 
 def short_version(line: str) -> str:
@@ -616,9 +594,9 @@ Metrics = list[tuple[str, dict[str, str], float]]
 
 
 class WireSampler:
-    """Reads a ``CutProxy``'s byte counters every second in a thread: (monotonic time, up, down)."""
+    """Reads a ``LinkProxy``'s byte counters every second in a thread: (monotonic time, up, down)."""
 
-    def __init__(self, proxy: CutProxy, every: float = 1.0) -> None:
+    def __init__(self, proxy: LinkProxy, every: float = 1.0) -> None:
         self.proxy = proxy
         self.every = every
         self.samples: list[tuple[float, int, int]] = []
@@ -771,7 +749,7 @@ def budget_plan(
     if proc.returncode != 0:
         return command, f"(failed, exit status {proc.returncode}: {proc.stderr.strip()[-500:]})", None
     rep: dict[str, Any] = json.loads(proc.stdout)
-    from edge_relay.budget_cmd import render_table  # the command's own text output, without a 2nd scrape
+    from edge_relay.budget.plan import render_table  # the command's own text output, without a 2nd scrape
 
     return command, render_table(rep), rep
 
@@ -812,7 +790,7 @@ def controller_steps(ours: Ours, t0_wall: float) -> list[str]:
     out = []
     with contextlib.suppress(OSError):
         for line in ours.relay.log_path.read_text(errors="replace").splitlines():
-            if "edge_relay.controller" not in line or "budget:" not in line:
+            if "edge_relay.budget.controller" not in line or "budget:" not in line:
                 continue
             try:
                 at = dt.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()

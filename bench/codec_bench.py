@@ -12,20 +12,15 @@ encode and decode CPU microseconds per sample (best of --rounds, this process), 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make the repository and bench/ importable
-    sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent)]
-
-from pipeline_bench import best_of  # type: ignore[import-not-found]
+from pipeline_bench import best_of  # type: ignore[import-not-found]  # bench/ is sys.path[0] for a script
 
 from edge_relay.encode import to_batch
 from edge_relay.parse import SeriesCache, parse
 from edge_relay.shape import ShapedScrape, TargetShaper
-from edge_relay.simulate import EXPORTERS, Simulator
 from schemas import codec
 from schemas.model import Batch
+from simulator import EXPORTERS, Simulator
 
 T0 = 1_700_000_000_000
 FIRST_TICK = 30  # past the simulator's first pod replacements, so series come and go

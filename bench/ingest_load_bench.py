@@ -68,7 +68,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import http.client
 import itertools
 import json
 import math
@@ -83,30 +82,28 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.parse
 import zlib
 from array import array
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import cramjam
+import msgpack
+import paho.mqtt.client as mqtt
+import requests
+import yaml
+import zstandard
+
+from schemas import codec, columnar, topics
+from schemas.model import Batch, Labels, ScrapeBlock
+from testkit.netfaults import RemoteWriteProxy
+from testkit.readings import cpu_seconds
+from testkit.rw_wire import read_varint, wire_fields, wire_timeseries
+from testkit.services import ManagedProcess, Mosquitto, Prometheus, VictoriaMetrics, wait_until
+from testkit.stack import Program, ingest_config, program
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-import cramjam  # noqa: E402
-import msgpack  # noqa: E402
-import paho.mqtt.client as mqtt  # noqa: E402
-import requests  # noqa: E402
-import yaml  # noqa: E402
-import zstandard  # noqa: E402
-from rw_mock import read_varint, wire_fields, wire_timeseries  # noqa: E402
-from services import ManagedProcess, Mosquitto, Prometheus, VictoriaMetrics, wait_until  # noqa: E402
-from stack import Program, ingest_config, program  # noqa: E402
-
-from schemas import codec, columnar, topics  # noqa: E402
-from schemas.model import Batch, Labels, ScrapeBlock  # noqa: E402
-
 RESULTS = ROOT / "bench" / "results"
 PREFIX = "edgemetrics"
 CLUSTER = "bench"
@@ -116,7 +113,6 @@ PROBE_METRIC = "bench_probe"  # series 0 of every node, polled for the "queryabl
 POLL_NODES = 10
 POLL_INTERVAL_S = 0.25
 IDLE_SECONDS = 5.0
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 V2_POOL = 4  # v2: windows of different values pre-encoded per series range, one picked per publish
 TEMPLATE_TS = 1_700_000_000_000  # timestamp of the pre-encoded batches (only TIMES depends on it)
 WIDEST_SEQ = 2**62  # sizes are checked with this seq: msgpack never writes a real seq in more bytes
@@ -580,18 +576,6 @@ def run_generator(spec: dict[str, Any]) -> int:
 # ---------------------------------------------------------------------------------------------------
 
 
-def cpu_seconds(pid: int | None) -> float:
-    """utime + stime of ``pid`` (0.0 if it is gone)."""
-    if pid is None:
-        return 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # fields 14 and 15 of stat(5)
-
-
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return math.nan
@@ -619,82 +603,27 @@ def first_series_node_and_newest_ts(body: bytes) -> tuple[str, int] | None:
     return (node, max((t for t, _ in samples), default=-1)) if node else None
 
 
-class Tap:
-    """HTTP reverse proxy in front of the receiver: forwards every write and, for each one the receiver
-    answered 2xx, records (wall time of the answer, node, newest sample timestamp)."""
+class Tap(RemoteWriteProxy):
+    """HTTP reverse proxy in front of the receiver (``testkit.netfaults.RemoteWriteProxy``): forwards
+    every write and, for each one the receiver answered 2xx, records (wall time of the answer, node,
+    newest sample timestamp)."""
 
     def __init__(self, upstream_url: str) -> None:
-        parts = urllib.parse.urlsplit(upstream_url)
-        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 80)
-        self.path = parts.path
         self.records: list[tuple[float, str, int]] = []
-        self.errors = 0
-        self._lock = threading.Lock()
-        self._local = threading.local()
-        tap = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                headers = {
-                    k: v
-                    for k in (
-                        "Content-Encoding",
-                        "Content-Type",
-                        "X-Prometheus-Remote-Write-Version",
-                        "User-Agent",
-                    )
-                    if (v := self.headers.get(k)) is not None
-                }
-                status, reply = tap._forward(self.path, body, headers)
-                if 200 <= status < 300:
-                    at = time.time()
-                    with contextlib.suppress(Exception):  # a body we cannot read is not timed
-                        found = first_series_node_and_newest_ts(body)
-                        if found is not None:
-                            with tap._lock:
-                                tap.records.append((at, found[0], found[1]))
-                else:
-                    with tap._lock:
-                        tap.errors += 1
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.2,), daemon=True)
-        self._thread.start()
+        super().__init__(upstream_url, after_forward=self._time, upstream_timeout_s=60.0, name="tap")
 
     @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}{self.path}"
+    def errors(self) -> int:
+        """Writes the receiver did not accept (or could not be reached for: 502)."""
+        return sum(1 for e in self.history() if not 200 <= e.status < 300)
 
-    def _forward(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
-        for attempt in (1, 2):
-            conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-            if conn is None:
-                conn = self._local.conn = http.client.HTTPConnection(*self.upstream, timeout=60)
-            try:
-                conn.request("POST", path, body, headers)
-                resp = conn.getresponse()
-                return resp.status, resp.read()
-            except (OSError, http.client.HTTPException) as exc:
-                conn.close()
-                self._local.conn = None
-                if attempt == 2:
-                    return 502, f"tap: {type(exc).__name__}".encode()
-        raise AssertionError("unreachable")
-
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    def _time(self, n: int, body: bytes) -> None:
+        at = time.time()
+        with contextlib.suppress(Exception):  # a body we cannot read is not timed
+            found = first_series_node_and_newest_ts(body)
+            if found is not None:
+                with self._lock:
+                    self.records.append((at, found[0], found[1]))
 
 
 class QueryPoller:

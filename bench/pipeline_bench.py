@@ -19,8 +19,8 @@ from cloud_ingest.write import encode_body
 from edge_relay.encode import BatchEncoder
 from edge_relay.parse import SeriesCache, parse
 from edge_relay.shape import TargetShaper
-from edge_relay.simulate import EXPORTERS, Simulator
 from schemas import codec
+from simulator import EXPORTERS, Simulator
 
 
 def best_of(rounds: int, fn: Callable[[], object]) -> float:

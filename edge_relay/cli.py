@@ -8,10 +8,10 @@ from relay_common import cli
 
 COMMANDS: cli.Commands = {
     "run": ("edge_relay.relay", "scrape, spool and ship metrics as configured (the sidecar's main job)"),
-    "simulate": ("edge_relay.simulate", "serve simulated Kepler / dcgm-exporter / node-exporter metrics"),
+    "simulate": ("simulator.server", "serve simulated Kepler / dcgm-exporter / node-exporter metrics"),
     "ledger": ("edge_relay.ledger_cmd", "print the loss ledger: samples dropped or merged, by reason"),
     "check-config": ("edge_relay.checkconfig", "validate a config file and print it with defaults filled in"),
-    "budget": ("edge_relay.budget_cmd", "bandwidth budget: `budget plan` estimates each class's bytes/s"),
+    "budget": ("edge_relay.budget.plan", "bandwidth budget: `budget plan` estimates each class's bytes/s"),
 }
 
 

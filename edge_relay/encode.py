@@ -159,7 +159,7 @@ class BatchEncoder:
         *,
         max_bytes: int,
         zstd_level: int = 3,
-        version: int = codec.FORMAT_V1,
+        version: int = codec.CURRENT_FORMAT_VERSION,
     ) -> None:
         self.cluster = cluster
         self.node = node

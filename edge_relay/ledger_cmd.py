@@ -21,8 +21,8 @@ def _when(ms: int) -> str:
 def run(args: argparse.Namespace) -> int:
     s = settings.load(args.config)
     with Spool(s.spool_path, synchronous=s.spool_synchronous) as spool:
-        totals = spool.loss_totals()
-        entries = spool.losses(args.limit)
+        totals = spool.losses.totals()
+        entries = spool.losses.entries(args.limit)
         stats = spool.stats()
     state = "data lost" if sum(totals.values()) else "no data lost"
     print(f"spool {s.spool_path}: {stats.rows} batches ({stats.samples} samples) waiting; {state}")

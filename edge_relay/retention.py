@@ -21,11 +21,12 @@ from __future__ import annotations
 import logging
 from array import array
 from collections import defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edge_relay.encode import WIDEST_SEQ, BatchEncoder
-from edge_relay.spool import Replacement, Spool, SpoolRow
+from edge_relay.ledger import LossReason, LossRecord
+from edge_relay.spool import InFlight, Order, Replacement, Spool, SpoolRow
 from schemas import codec
 from schemas.model import Batch, Labels, ScrapeBlock, is_stale, metric_name
 
@@ -43,8 +44,6 @@ class Policy:
     max_factor: int  # 1 = never downsample, evict straight away
     interval_ms: int  # the scrape interval: resolution factor 1
     busy_ms: int  # rows published this recently may be in flight: leave them alone
-    batch_max_bytes: int
-    zstd_level: int = 3
 
 
 def describe(batches: Sequence[Batch]) -> str:
@@ -99,23 +98,20 @@ def downsample(
 
 
 class Retention:
+    """The caps over ``spool``'s batches.
+
+    ``encoder`` is the relay's own (same wire format, and the batch cap the budget sets); ``inflight``
+    is the uplink's set of batches whose ack may be on its way, which are left alone.
+    """
+
     def __init__(
-        self,
-        spool: Spool,
-        policy: Policy,
-        *,
-        cluster: str,
-        node: str,
-        busy: Callable[[], Collection[int]] = frozenset,
+        self, spool: Spool, policy: Policy, *, encoder: BatchEncoder, inflight: InFlight | None = None
     ) -> None:
         self.spool = spool
+        self.batches = spool.batches
         self.policy = policy
-        self.busy = busy  # seqs the uplink has in flight: an ack may be on its way
-        self.encoder = BatchEncoder(
-            cluster, node, max_bytes=policy.batch_max_bytes, zstd_level=policy.zstd_level
-        )
-        self.cluster = cluster
-        self.node = node
+        self.inflight = inflight if inflight is not None else InFlight()
+        self.encoder = encoder
 
     def _decode(self, rows: Sequence[SpoolRow]) -> list[Batch]:
         return [codec.decode_batch(r.payload) for r in rows]
@@ -126,8 +122,8 @@ class Retention:
         except codec.DecodeError:
             return f"spool seq {row.seq}"
 
-    def _candidates(self, now_ms: int, order: str, limit: int) -> list[SpoolRow]:
-        rows = self.spool.pending(limit, order=order, exclude=self.busy())
+    def _candidates(self, now_ms: int, order: Order, limit: int) -> list[SpoolRow]:
+        rows = self.batches.pending(limit, order=order, exclude=self.inflight.seqs)
         return [r for r in rows if r.last_sent_ms is None or now_ms - r.last_sent_ms > self.policy.busy_ms]
 
     def enforce(self, now_ms: int) -> None:
@@ -136,11 +132,11 @@ class Retention:
         if p.max_age_ms:
             old = [
                 r
-                for r in self._candidates(now_ms, "oldest_data", 256)
+                for r in self._candidates(now_ms, Order.OLDEST_DATA, 256)
                 if r.last_ts_ms < now_ms - p.max_age_ms
             ]
             if old:
-                n = self.spool.evict(old, "max_age", self._describe_row)
+                n = self.batches.evict(old, LossReason.MAX_AGE, self._describe_row)
                 log.warning("evicted %d batch(es) older than spool.max_age_seconds", n)
         if not p.cap_bytes:
             return
@@ -149,14 +145,14 @@ class Retention:
             if size <= p.cap_bytes:
                 return
             if not self._degrade(now_ms):
-                self._evict_oldest(now_ms, size - p.cap_bytes, "cap_bytes")
+                self._evict_oldest(now_ms, size - p.cap_bytes, LossReason.CAP_BYTES)
 
-    def make_room(self, now_ms: int, need_bytes: int, reason: str = "spool_full") -> int:
+    def make_room(self, now_ms: int, need_bytes: int, reason: LossReason = LossReason.SPOOL_FULL) -> int:
         """Evict the oldest batches until about ``need_bytes`` are free (a full disk or hard cap)."""
         return self._evict_oldest(now_ms, max(need_bytes, 1), reason)
 
-    def _evict_oldest(self, now_ms: int, need_bytes: int, reason: str) -> int:
-        rows = self._candidates(now_ms, "evict", 64)
+    def _evict_oldest(self, now_ms: int, need_bytes: int, reason: LossReason) -> int:
+        rows = self._candidates(now_ms, Order.EVICTION, 64)
         chosen: list[SpoolRow] = []
         freed = 0
         for row in rows:
@@ -165,7 +161,7 @@ class Retention:
             chosen.append(row)
             freed += row.byte_size
         if chosen:
-            self.spool.evict(chosen, reason, self._describe_row)
+            self.batches.evict(chosen, reason, self._describe_row)
             log.warning(
                 "spool over its limit (%s): evicted %d batch(es), %d samples, data from %d to %d",
                 reason,
@@ -179,10 +175,10 @@ class Retention:
     def _degrade(self, now_ms: int) -> bool:
         """Re-downsample the oldest group of batches one step. False when nothing can degrade further."""
         p = self.policy
-        rows = self._candidates(now_ms, "oldest_data", 4 * _GROUP_ROWS)
+        rows = self._candidates(now_ms, Order.OLDEST_DATA, 4 * _GROUP_ROWS)
         if not rows:
             return False
-        factors = self.spool.resolution([r.seq for r in rows])
+        factors = self.batches.resolution([r.seq for r in rows])
         level = min(factors.values())
         if level * 2 > p.max_factor:
             return False
@@ -197,11 +193,11 @@ class Retention:
         replacements = self._encode(blocks, table)
         first = min(r.first_ts_ms for r in group)
         last = max(r.last_ts_ms for r in group)
-        self.spool.replace(
+        self.batches.replace(
             [r.seq for r in group],
             replacements,
             factor=level * 2,
-            loss=("downsampled", describe(batches), first, last, merged),
+            loss=LossRecord(LossReason.DOWNSAMPLED, describe(batches), first, last, merged),
         )
         log.warning(
             "spool over spool.cap_bytes: re-downsampled %d batch(es) to %gs resolution (%d samples merged)",
@@ -215,16 +211,16 @@ class Retention:
         """Blocks as batches under batch.max_bytes (each batch carries only the label sets it uses)."""
         if not blocks:
             return []
-        batch = _subset(self.cluster, self.node, blocks, table)
+        batch = _subset(self.encoder.cluster, self.encoder.node, blocks, table)
         payload = self.encoder.encode(batch, WIDEST_SEQ)
-        if len(blocks) == 1 and len(payload) > self.policy.batch_max_bytes and len(blocks[0].values) > 1:
+        if len(blocks) == 1 and len(payload) > self.encoder.max_bytes and len(blocks[0].values) > 1:
             block, mid = blocks[0], len(blocks[0].values) // 2
             halves = [
                 ScrapeBlock(block.timestamp_ms, block.series[lo:hi], block.values[lo:hi])
                 for lo, hi in ((0, mid), (mid, len(block.values)))
             ]
             return self._encode(halves[:1], table) + self._encode(halves[1:], table)
-        if len(payload) <= self.policy.batch_max_bytes or len(blocks) == 1:
+        if len(payload) <= self.encoder.max_bytes or len(blocks) == 1:
             return [
                 Replacement(
                     lambda seq, b=batch: self.encoder.encode(b, seq),

@@ -6,10 +6,14 @@ Each relay process gets its own registry so tests can run several relays in one 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from edge_relay.spool import SpoolStats
 
 
 class RelayMetrics:
@@ -97,7 +101,7 @@ class RelayMetrics:
             registry=r,
         )
 
-        # Bandwidth budget (edge_relay.controller and the uplink's pacing).
+        # Bandwidth budget (edge_relay.budget: the controller and the pacer).
         self.wire_bytes = Counter(
             "edge_relay_wire_bytes_total",
             "Bytes on the relay's broker connections (TCP payload per the kernel: MQTT framing, batches, "
@@ -154,6 +158,14 @@ class RelayMetrics:
         self.budget_reloads = Counter(
             "edge_relay_budget_reloads_total", "Budget file reloads by result.", ["result"], registry=r
         )
+
+    def observe_spool(self, st: SpoolStats, now_s: float) -> None:
+        """The spool gauges, from one ``Spool.stats()`` reading."""
+        self.spool_rows.set(st.rows)
+        self.spool_bytes.set(st.bytes)
+        self.spool_quarantined.set(st.quarantined_rows)
+        oldest = st.oldest_first_ts_ms
+        self.spool_oldest_age.set(0.0 if oldest is None else max(0.0, now_s - oldest / 1000))
 
     def attach_ledger(self, totals: Callable[[], dict[str, int]]) -> None:
         """Where edge_relay_samples_dropped_total reads its numbers: samples by reason."""

@@ -8,144 +8,37 @@ spool row is deleted only when the cloud's *application* ack for (node, seq) arr
 which is subscribed with QoS 1 in a persistent session, so acks sent while the relay is away are
 kept by the broker. A batch whose ack does not come within ``ack_timeout_seconds`` is published
 again; the ingester's writes are idempotent, so a duplicate costs bytes, never correctness.
+
+The uplink sees the spool only as a ``SendQueue`` (what to send next given the ``InFlight`` set, sent,
+acked, set aside) and reports through a ``StatusSource``; all three are built by the relay before it.
+Every publication goes through the ``edge_relay.budget.pacer.Pacer`` (given by the relay, shared with the
+budget controller; unlimited without a budget), which also meters the connection's bytes after every
+network-loop turn.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import socket
 import sqlite3
-import struct
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edge_relay.budget.pacer import Pacer
+from edge_relay.ledger import LossReason
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
-from edge_relay.spool import Spool, SpoolError, SpoolRow
+from edge_relay.spool import InFlight, SendQueue, SpoolError
 from relay_common.backoff import Backoff
 from relay_common.mqtt_tls import tls_configure
 from schemas import codec, topics
 
 log = logging.getLogger("edge_relay.uplink")
-
-# struct tcp_info (linux/tcp.h): tcpi_bytes_acked at 120, tcpi_bytes_received at 128 (Linux 4.1),
-# tcpi_bytes_sent at 200 (Linux 4.19; counts retransmissions, which a metered link bills too).
-_TCPI_BYTES_ACKED = 120
-_TCPI_BYTES_RECEIVED = 128
-_TCPI_BYTES_SENT = 200
-_TCP_INFO_LEN = 256
-# Application-level estimate of an MQTT PUBLISH's framing (fixed header, topic, packet id, properties)
-# and its PUBACK, for kernels without TCP_INFO byte counters.
-_PUBLISH_OVERHEAD_BYTES = 96
-
-
-def tcp_bytes(sock: socket.socket | Any) -> tuple[int, int] | None:
-    """(bytes sent, bytes received) of a TCP connection's payload per the kernel, or None."""
-    try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
-    except (OSError, AttributeError, ValueError):
-        return None
-    if len(info) >= _TCPI_BYTES_SENT + 8:
-        sent = struct.unpack_from("<Q", info, _TCPI_BYTES_SENT)[0]
-    elif len(info) >= _TCPI_BYTES_RECEIVED + 8:
-        sent = max(0, struct.unpack_from("<Q", info, _TCPI_BYTES_ACKED)[0] - 1)  # the SYN counts as one
-    else:
-        return None
-    return sent, struct.unpack_from("<Q", info, _TCPI_BYTES_RECEIVED)[0]
-
-
-class WireMeter:
-    """Bytes on the relay's broker connections, both directions, over the relay's life.
-
-    Read from the kernel (TCP_INFO) every loop turn, so a connection that drops loses at most one
-    turn's worth (50 ms) from the count; without TCP_INFO, published payloads plus a framing estimate.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.sent = 0
-        self.received = 0
-        self._last: tuple[int, int] = (0, 0)
-        self.kernel = True
-
-    def new_connection(self) -> None:
-        self._last = (0, 0)
-
-    def sample(self, sock: Any) -> tuple[int, int] | None:
-        """Add what the connection carried since the last sample; return the (sent, received) added,
-        or None when the kernel has no counters for it."""
-        now = tcp_bytes(sock)
-        if now is None:
-            return None
-        d_sent, d_recv = max(0, now[0] - self._last[0]), max(0, now[1] - self._last[1])
-        self._last = now
-        with self._lock:
-            self.sent += d_sent
-            self.received += d_recv
-        return d_sent, d_recv
-
-    def estimate(self, sent: int, received: int) -> None:
-        """Fallback accounting when the kernel gives no counters."""
-        with self._lock:
-            self.sent += sent
-            self.received += received
-
-    @property
-    def total(self) -> int:
-        with self._lock:
-            return self.sent + self.received
-
-
-class TokenBucket:
-    """Paces publications to ``rate`` bytes/s with ``depth`` bytes of burst, charged with real wire bytes.
-
-    A batch goes out when the bucket holds its size (or is full, so a batch larger than the depth still
-    goes, once); the bytes the connection really carried are then taken out, so acks, status messages,
-    retransmissions and TLS records all count against the budget. ``rate`` None means unlimited; a rate
-    of 0 (a used-up daily quota) lets nothing through.
-    """
-
-    def __init__(
-        self, rate: float | None = None, depth: float = 0.0, clock: Callable[[], float] = time.monotonic
-    ) -> None:
-        self._clock = clock
-        self.rate = rate
-        self.depth = float(depth)
-        self.tokens = float(depth)
-        self._at = clock()
-
-    def configure(self, rate: float | None, depth: float) -> None:
-        self._refill()
-        was_unlimited = self.rate is None
-        self.rate, self.depth = rate, float(depth)
-        # A budget that starts (or returns) starts with a full bucket: the burst is there to be used.
-        self.tokens = self.depth if was_unlimited else min(self.tokens, self.depth)
-
-    def _refill(self) -> None:
-        now = self._clock()
-        if self.rate is not None:
-            self.tokens = min(self.depth, self.tokens + (now - self._at) * self.rate)
-        self._at = now
-
-    def charge(self, nbytes: int) -> None:
-        """Take ``nbytes`` out (negative: give back an over-estimate, never above the depth)."""
-        if self.rate is not None and nbytes:
-            self._refill()
-            self.tokens = min(self.depth, self.tokens - nbytes)
-
-    def allows(self, nbytes: int) -> bool:
-        if self.rate is None:
-            return True
-        self._refill()
-        return self.tokens > 0 and self.tokens >= min(nbytes, self.depth)
-
 
 # CONNACK codes that mean "this broker does not speak the protocol version you asked for".
 _UNSUPPORTED_VERSION = {1, 132}
@@ -157,6 +50,12 @@ _TURN_BUSY_S = 0.05
 _TURN_IDLE_S = 0.25
 
 
+class StatusSource(Protocol):
+    def fields(self) -> dict[str, Any]:
+        """The node's state for the retained status message (``edge_relay.status.StatusReport``)."""
+        ...
+
+
 class Uplink:
     def __init__(
         self,
@@ -164,16 +63,17 @@ class Uplink:
         *,
         cluster: str,
         node: str,
-        spool: Spool,
+        queue: SendQueue,
+        inflight: InFlight,
         metrics: RelayMetrics,
-        status: Callable[[], dict[str, Any]],
-        live_window_s: float = 5.0,
+        status: StatusSource,
+        pacer: Pacer | None = None,
     ) -> None:
         self.cfg = cfg
-        self.live_window_s = live_window_s
         self.cluster = cluster
         self.node = node
-        self.spool = spool
+        self.queue = queue
+        self.inflight = inflight
         self.metrics = metrics
         self.status = status
         prefix = cfg.topic_prefix
@@ -188,8 +88,6 @@ class Uplink:
         self._refusal: tuple[int, str] | None = None
         self._connected_since = 0.0
         self._max_packet: int | None = None  # the broker's MaximumPacketSize (MQTT 5 CONNACK)
-        self._inflight: dict[int, float] = {}  # seq -> monotonic time of last publication
-        self._inflight_snapshot: frozenset[int] = frozenset()
         # Publications the broker has not PUBACKed yet: lost with the connection, so sent again at once.
         self._mid_seq: dict[int, int] = {}
         self._wake = threading.Event()
@@ -199,15 +97,8 @@ class Uplink:
         self._next_status = 0.0
         self._last_pump = 0.0
         self.connected_event = threading.Event()
-        self.wire = WireMeter()
-        self._wire_sent = metrics.wire_bytes.labels("sent")
-        self._wire_received = metrics.wire_bytes.labels("received")
-        self.bucket = TokenBucket()
-        self._budget: tuple[float | None, float] = (None, 0.0)
-        self._estimated = 0  # bytes charged by estimate, not yet matched by the kernel's count
-        self.paced_seconds = 0.0  # time batches waited for the budget (for self-metrics)
-        self.published_payload_bytes = 0
-        self._paced_since: float | None = None
+        # Paces publications and meters the connection; without one given: unlimited, metered.
+        self.pacer = pacer if pacer is not None else Pacer(metrics)
 
     # --- public API (any thread) -------------------------------------------------------------
 
@@ -229,11 +120,6 @@ class Uplink:
     def connected(self) -> bool:
         return self._connected
 
-    def set_budget(self, bytes_per_second: float | None, burst_bytes: float) -> None:
-        """Pace batches to this rate (None: unlimited; 0: nothing). Safe from any thread (one assignment)."""
-        self._budget = (bytes_per_second, float(burst_bytes))
-        self._wake.set()
-
     # --- the uplink thread -------------------------------------------------------------------
 
     def _status_payload(self, state: str) -> bytes:
@@ -245,8 +131,8 @@ class Uplink:
             "ts_ms": int(time.time() * 1000),
         }
         if state == "online":
-            body.update(self.status())
-            body["inflight"] = len(self._inflight)
+            body.update(self.status.fields())
+            body["inflight"] = len(self.inflight)
         return codec.encode_status(body)
 
     def _new_client(self) -> mqtt.Client:
@@ -279,7 +165,7 @@ class Uplink:
     def _connect(self) -> None:
         self.metrics.mqtt_connects.labels("attempt").inc()
         client = self._new_client()
-        self.wire.new_connection()
+        self.pacer.new_connection()
         cfg = self.cfg
         try:
             if self._use_v5:
@@ -338,8 +224,7 @@ class Uplink:
             with contextlib.suppress(Exception):
                 self._client.disconnect()
         self._client = None
-        for seq in self._mid_seq.values():
-            self._inflight.pop(seq, None)
+        self.inflight.discard(self._mid_seq.values())
         self._mid_seq.clear()
         self._connected = False
         self.connected_event.clear()
@@ -369,7 +254,7 @@ class Uplink:
         )
         if not session_present:
             # The broker lost our session: publications it had not delivered are gone, republish now.
-            self._inflight.clear()
+            self.inflight.clear()
         client.subscribe(self.ack_topic, qos=1)
         client.publish(self.status_topic, self._status_payload("online"), qos=1, retain=True)
         self._next_status = time.monotonic() + self.cfg.status_interval_seconds
@@ -403,7 +288,7 @@ class Uplink:
         now = time.monotonic()
         done: list[int] = []
         for result in ack.results:
-            sent = self._inflight.pop(result.seq, None)
+            sent = self.inflight.pop(result.seq)
             if sent is not None:
                 self.metrics.ack_latency.observe(now - sent)
             if result.result == "rejected":
@@ -412,71 +297,30 @@ class Uplink:
             self.metrics.acked.labels(result.result).inc()
             done.append(result.seq)
         try:
-            self.spool.ack(done)
+            self.queue.acked(done)
         except (SpoolError, sqlite3.Error) as e:
             # The rows stay; their acks will come again when the batches are re-published.
             log.error("cannot delete acked rows from the spool: %s", e)
         self._publish_inflight()
         self._wake.set()
 
-    @property
-    def inflight_seqs(self) -> frozenset[int]:
-        """Seqs published and not yet acked (a snapshot, safe to read from any thread)."""
-        return self._inflight_snapshot
-
     def _publish_inflight(self) -> None:
-        self._inflight_snapshot = frozenset(self._inflight)
-        self.metrics.inflight.set(len(self._inflight))
-
-    def _next_rows(self) -> list[SpoolRow]:
-        """What to publish now, by ``mqtt.order``.
-
-        strict: one batch at a time, oldest data first, so even a receiver without an out-of-order
-        window sees every series in time order (at the price of one round trip per batch).
-        live_first: the newest batch when it is fresh (scraped within two intervals) goes first, so
-        dashboards are current as soon as the link is back; the backlog drains oldest-first in the
-        rest of the window (a live batch that finds the window full goes first once an ack frees a slot).
-        """
-        inflight = self._inflight
-        if self.cfg.order == "strict":
-            return self.spool.pending(1, exclude=inflight.keys(), order="oldest_data") if not inflight else []
-        room = self.cfg.inflight_batches - len(inflight)
-        if room <= 0:
-            return []
-        fresh_after_ms = int(time.time() * 1000) - int(2 * self.live_window_s * 1000)
-        live = [
-            r
-            for r in self.spool.pending(min(room, 2), exclude=inflight.keys(), order="newest")
-            if r.attempts == 0 and r.created_ms >= fresh_after_ms
-        ]
-        backlog_room = room - len(live)
-        if backlog_room <= 0:
-            return live
-        taken = {r.seq for r in live}
-        backlog = self.spool.pending(backlog_room, exclude=taken.union(inflight), order="oldest_data")
-        return live + backlog
+        self.metrics.inflight.set(len(self.inflight))
 
     def _pump(self, client: mqtt.Client) -> None:
         now = time.monotonic()
-        expired = [s for s, t in self._inflight.items() if now - t > self.cfg.ack_timeout_seconds]
-        for seq in expired:
-            del self._inflight[seq]
+        expired = self.inflight.expire(self.cfg.ack_timeout_seconds, now)
         if expired:
             log.warning(
                 "no ack within %.0fs for %d batch(es); publishing again",
                 self.cfg.ack_timeout_seconds,
                 len(expired),
             )
-        rows = self._next_rows()
+        rows = self.queue.next_rows(self.inflight)
         sent: list[int] = []
         for row in rows:
-            if not self.bucket.allows(len(row.payload) + _PUBLISH_OVERHEAD_BYTES):
-                if self._paced_since is None:
-                    self._paced_since = now
+            if not self.pacer.allows(len(row.payload), now):
                 break
-            if self._paced_since is not None:
-                self.paced_seconds += now - self._paced_since
-                self._paced_since = None
             # Topic + header overhead is far below 1 KiB; a row the broker cannot take would block the
             # spool forever, so it is set aside (kept, counted, reported) instead.
             if self._max_packet is not None and len(row.payload) + 1024 > self._max_packet:
@@ -484,22 +328,20 @@ class Uplink:
                     f"{len(row.payload)} bytes exceed the broker's maximum packet size {self._max_packet}"
                 )
                 log.error("quarantining spool row seq=%d: %s", row.seq, reason)
-                self.spool.quarantine(row.seq, reason, ledger_reason="oversized_batch")
+                self.queue.set_aside(row.seq, reason, LossReason.OVERSIZED_BATCH)
                 continue
             info = client.publish(self.batch_topic, row.payload, qos=1)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 break
-            self._inflight[row.seq] = now
+            self.inflight.add(row.seq, now)
             self._mid_seq[info.mid] = row.seq
             sent.append(row.seq)
-            self.metrics.published.labels("retry" if row.attempts else "first").inc()
+            self.metrics.published.labels("retry" if row.was_sent else "first").inc()
             self.metrics.publish_bytes.inc(len(row.payload))
-            self.published_payload_bytes += len(row.payload)
-            # Charged now with an estimate so the next row sees it; _meter corrects it to the real bytes.
-            self.bucket.charge(len(row.payload) + _PUBLISH_OVERHEAD_BYTES)
-            self._estimated += len(row.payload) + _PUBLISH_OVERHEAD_BYTES
+            # Charged now with an estimate so the next row sees it; the pacer's meter corrects it.
+            self.pacer.charge_publish(len(row.payload))
         if sent:
-            self.spool.mark_sent(sent, int(time.time() * 1000))
+            self.queue.sent(sent, int(time.time() * 1000))
         self._publish_inflight()
 
     def _run(self) -> None:
@@ -529,9 +371,9 @@ class Uplink:
                 self._connect()
                 continue
             client = self._client
-            busy = bool(self._inflight) or self._wake.is_set() or self._paced_since is not None
+            busy = bool(self.inflight) or self._wake.is_set() or self.pacer.waiting
             ok = client.loop(timeout=_TURN_BUSY_S if busy else _TURN_IDLE_S) == mqtt.MQTT_ERR_SUCCESS
-            self._meter(client)
+            self.pacer.meter(client.socket())
             if not ok or not self._connected:
                 self._drop_client()
                 # Wait before reconnecting: two relays sharing a client id, or a broker that drops us
@@ -558,31 +400,8 @@ class Uplink:
                 client.publish(self.status_topic, self._status_payload("online"), qos=1, retain=True)
         self._leave()
 
-    def _meter(self, client: mqtt.Client) -> None:
-        rate, depth = self._budget
-        if (rate, depth) != (self.bucket.rate, self.bucket.depth):
-            self.bucket.configure(rate, depth)
-        estimated, self._estimated = self._estimated, 0
-        sock = client.socket()
-        counted = self.wire.sample(sock) if self.wire.kernel and sock is not None else (0, 0)
-        if counted is None:
-            log.warning("no TCP_INFO byte counters on this kernel: wire bytes are estimated")
-            self.wire.kernel = False
-        if not self.wire.kernel:
-            self.wire.estimate(estimated, 0)
-            self._wire_sent.inc(estimated)
-            return
-        # paho wrote this turn's publications during loop(), so the kernel's count now includes them:
-        # the real bytes replace the estimate charged at publish time (a partial write is refunded
-        # now and charged when the rest goes out).
-        sent, received = counted or (0, 0)
-        if sent or received or estimated:
-            self.bucket.charge(sent + received - estimated)
-            self._wire_sent.inc(sent)
-            self._wire_received.inc(received)
-
     def _has_work(self) -> bool:
-        return bool(self._inflight) or self.spool.stats().rows > 0
+        return bool(self.inflight) or not self.queue.empty()
 
     def _leave(self) -> None:
         client = self._client

@@ -1,6 +1,6 @@
 """Column transforms of the v2 batch body ("columnar+zstd"): pure functions, no envelope, no zstd.
 
-``schemas/wire-format.md`` (section "Body, version 2") specifies the byte layout; ``schemas/codec.py``
+``schemas/wire-format.md`` (section "Body, version 2") specifies the byte layout; ``schemas/codec/v2.py``
 puts these pieces together.  What lives here:
 
 - unsigned LEB128 varints, zigzag, a bounds-checked :class:`Reader`;

@@ -20,11 +20,8 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-
-from services import Mosquitto, Prometheus, ServiceError  # noqa: E402
-from stack import ingest_config, program, relay_config  # noqa: E402
+from testkit.services import Mosquitto, Prometheus, ServiceError
+from testkit.stack import ingest_config, program, relay_config
 
 
 def start_simulator(

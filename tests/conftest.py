@@ -6,18 +6,13 @@ Tests using these fixtures get the ``integration`` marker automatically (``-m "n
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import services
-from services import Mosquitto, Prometheus, ServiceFactory, VictoriaMetrics
 
-# Some modules spell it ``tests.services``: make that the same module object, not a second copy
-# with its own classes and its own registry of live processes.
-sys.modules.setdefault("tests.services", services)
+from testkit.services import Mosquitto, Prometheus, ServiceFactory, VictoriaMetrics
 
 SERVICE_FIXTURES = frozenset({"mosquitto", "prometheus", "victoria_metrics", "make_service"})
 

@@ -1,4 +1,4 @@
-"""The bandwidth-budget file (edge_relay/budget.py, its schema) and ``edge-relay budget plan``."""
+"""The bandwidth-budget file (edge_relay/budget/model.py, its schema) and ``edge-relay budget plan``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from zoneinfo import ZoneInfo
 import pytest
 import yaml
 
-from edge_relay import budget_cmd
 from edge_relay import cli as edge_cli
 from edge_relay import settings as relay_settings
 from edge_relay.budget import (
@@ -31,19 +30,20 @@ from edge_relay.budget import (
     load,
     parse,
 )
+from edge_relay.budget import plan as budget_plan
 from edge_relay.encode import BatchEncoder
 from edge_relay.parse import parse as parse_exposition
 from edge_relay.shape import ShapedScrape
-from edge_relay.simulate import EXPORTERS, Simulator, SimulatorServer
 from relay_common import cli as common_cli
 from relay_common import config as config_loader
 from relay_common import configdoc
 from relay_common.config import ConfigError
 from schemas import codec
 from schemas.model import Labels, metric_name
+from simulator import EXPORTERS, Simulator, SimulatorServer, data_path
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = ROOT / "tests" / "fixtures"
+FIXTURES = data_path()
 
 # The example of the format, as the issue wrote it.
 EXAMPLE = """\
@@ -605,8 +605,8 @@ def by_class() -> dict[str, list[tuple[Labels, float]]]:
 
 
 def test_cost_model() -> None:
-    assert budget_cmd.VALUE_BYTES_PER_SAMPLE == 1.0
-    est = budget_cmd.estimate_bytes_per_second
+    assert budget_plan.VALUE_BYTES_PER_SAMPLE == 1.0
+    est = budget_plan.estimate_bytes_per_second
     # 60 s window at 5 s: the table once, 11 further scrapes of 100 samples.
     assert est(5000, 100, 5.0, 60.0) == pytest.approx((5000 + 11 * 100) / 60)
     assert est(5000, 100, 60.0, 60.0) == pytest.approx(5000 / 60)
@@ -618,7 +618,7 @@ def test_cost_model() -> None:
 
 
 def test_plan_at_full_resolution_when_it_fits(plan_budget: Budget, by_class: dict[str, Any]) -> None:
-    plans = budget_cmd.plan(plan_budget, by_class, 5.0)
+    plans = budget_plan.plan(plan_budget, by_class, 5.0)
     assert [p.name for p in plans] == ["crit", "a", "b"]
     assert [(p.series, p.samples_per_scrape) for p in plans] == [(20, 20), (200, 200), (400, 400)]
     assert [p.full_resolution_s for p in plans] == [5.0, 5.0, 10.0]  # 0 = every scrape
@@ -626,9 +626,9 @@ def test_plan_at_full_resolution_when_it_fits(plan_budget: Budget, by_class: dic
     assert [p.max_resolution_s for p in plans] == [5.0, 40.0, 80.0]
     for p in plans:
         assert not p.degraded and p.bytes_per_second == p.full_bytes_per_second
-        assert p.table_bytes == budget_cmd.encoded_scrape_bytes(by_class[p.name])
+        assert p.table_bytes == budget_plan.encoded_scrape_bytes(by_class[p.name])
         assert p.full_bytes_per_second == pytest.approx(
-            budget_cmd.estimate_bytes_per_second(
+            budget_plan.estimate_bytes_per_second(
                 p.table_bytes, p.samples_per_scrape, p.full_resolution_s, 60, 5.0
             )
         )
@@ -637,8 +637,8 @@ def test_plan_at_full_resolution_when_it_fits(plan_budget: Budget, by_class: dic
 def test_plan_degrades_the_last_class_first_by_doubling(
     plan_budget: Budget, by_class: dict[str, Any]
 ) -> None:
-    full = budget_cmd.plan(plan_budget, by_class, 5.0)
-    est = budget_cmd.estimate_bytes_per_second
+    full = budget_plan.plan(plan_budget, by_class, 5.0)
+    est = budget_plan.estimate_bytes_per_second
     crit, a, b = full
     # Just enough when b is at its maximum and a has doubled twice.
     allowed = (
@@ -647,7 +647,7 @@ def test_plan_degrades_the_last_class_first_by_doubling(
         + est(b.table_bytes, b.samples_per_scrape, 80.0, 60, 5.0)
         + 0.01
     )
-    plans = budget_cmd.plan(plan_budget, by_class, 5.0, allowed_bytes_per_second=allowed)
+    plans = budget_plan.plan(plan_budget, by_class, 5.0, allowed_bytes_per_second=allowed)
     assert [p.resolution_s for p in plans] == [5.0, 20.0, 80.0]
     assert [p.degraded for p in plans] == [False, True, True]
     assert sum(p.bytes_per_second for p in plans) <= allowed
@@ -655,14 +655,14 @@ def test_plan_degrades_the_last_class_first_by_doubling(
     allowed = (
         crit.full_bytes_per_second + a.full_bytes_per_second + est(b.table_bytes, 400, 40.0, 60, 5.0) + 0.01
     )
-    plans = budget_cmd.plan(plan_budget, by_class, 5.0, allowed_bytes_per_second=allowed)
+    plans = budget_plan.plan(plan_budget, by_class, 5.0, allowed_bytes_per_second=allowed)
     assert [p.resolution_s for p in plans] == [5.0, 5.0, 40.0]
 
 
 def test_plan_that_cannot_fit_degrades_everything_but_the_critical(
     plan_budget: Budget, by_class: dict[str, Any]
 ) -> None:
-    plans = budget_cmd.plan(plan_budget, by_class, 5.0, allowed_bytes_per_second=1.0)
+    plans = budget_plan.plan(plan_budget, by_class, 5.0, allowed_bytes_per_second=1.0)
     assert [p.resolution_s for p in plans] == [5.0, 40.0, 80.0]
     assert sum(p.bytes_per_second for p in plans) > 1.0
     assert plans[0].bytes_per_second == plans[0].full_bytes_per_second
@@ -672,53 +672,53 @@ def test_plan_rounds_the_last_step_to_the_maximum(by_class: dict[str, Any]) -> N
     doc = yaml.safe_load(PLAN_BUDGET)
     doc["classes"][2]["degrade"]["max_resolution_seconds"] = 300
     b = parse(doc, "plan.yaml")
-    plans = budget_cmd.plan(b, by_class, 5.0, allowed_bytes_per_second=1.0)
+    plans = budget_plan.plan(b, by_class, 5.0, allowed_bytes_per_second=1.0)
     assert plans[2].resolution_s == 300.0  # 10, 20, ... 160, then 300 rather than 320
 
 
 def test_plan_defaults_to_the_steady_rate_and_checks_its_input(plan_budget: Budget) -> None:
-    assert budget_cmd.steady_rate(plan_budget) == 100000
-    assert budget_cmd.plan(plan_budget, {}, 5.0)[2].bytes_per_second == 0.0
+    assert budget_plan.steady_rate(plan_budget) == 100000
+    assert budget_plan.plan(plan_budget, {}, 5.0)[2].bytes_per_second == 0.0
     with pytest.raises(ValueError, match="no such class"):
-        budget_cmd.plan(plan_budget, {"nope": []}, 5.0)
+        budget_plan.plan(plan_budget, {"nope": []}, 5.0)
     with pytest.raises(ValueError, match="interval_s"):
-        budget_cmd.plan(plan_budget, {}, 0)
+        budget_plan.plan(plan_budget, {}, 0)
 
 
 def test_steady_rate_respects_windows_and_the_quota(tmp_path: Path) -> None:
     b = load(write(tmp_path, WINDOWED.format(tz="UTC")))
-    assert budget_cmd.steady_rate(b, at("2024-01-01T23:00:00")) == 65536
-    assert budget_cmd.steady_rate(b) == 16384
+    assert budget_plan.steady_rate(b, at("2024-01-01T23:00:00")) == 65536
+    assert budget_plan.steady_rate(b) == 16384
     b = quota_budget(tmp_path, 86_400 * 500)
-    assert budget_cmd.steady_rate(b, at("2024-01-01T23:00:00")) == 500
+    assert budget_plan.steady_rate(b, at("2024-01-01T23:00:00")) == 500
 
 
 def test_plan_estimates_with_the_relays_wire_format(plan_budget: Budget, by_class: dict[str, Any]) -> None:
-    v1 = budget_cmd.plan(plan_budget, by_class, 5.0, version=codec.FORMAT_V1)
-    v2 = budget_cmd.plan(plan_budget, by_class, 5.0)
+    v1 = budget_plan.plan(plan_budget, by_class, 5.0, version=codec.FORMAT_V1)
+    v2 = budget_plan.plan(plan_budget, by_class, 5.0)
     for a, b in zip(v1, v2, strict=True):
-        assert a.table_bytes == budget_cmd.encoded_scrape_bytes(by_class[a.name], version=codec.FORMAT_V1)
-        assert b.table_bytes == budget_cmd.encoded_scrape_bytes(by_class[b.name])
+        assert a.table_bytes == budget_plan.encoded_scrape_bytes(by_class[a.name], version=codec.FORMAT_V1)
+        assert b.table_bytes == budget_plan.encoded_scrape_bytes(by_class[b.name])
     assert v1[2].table_bytes > v2[2].table_bytes  # 400 series: v2's columns beat v1's label sets
 
 
 def test_plan_counts_what_splitting_a_window_for_a_small_cap_costs(
     plan_budget: Budget, by_class: dict[str, Any]
 ) -> None:
-    whole = budget_cmd.plan(plan_budget, by_class, 5.0)
-    split = budget_cmd.plan(plan_budget, by_class, 5.0, batch_max_bytes=4096)
+    whole = budget_plan.plan(plan_budget, by_class, 5.0)
+    split = budget_plan.plan(plan_budget, by_class, 5.0, batch_max_bytes=4096)
     assert {p.batch_parts for p in whole} == {1}
     largest = sum(p.bytes_per_second for p in whole) * 60  # every class sends a table each window
     parts = math.ceil(largest / 4096)
     assert parts > 1 and {p.batch_parts for p in split} == {parts}
     everything = [x for xs in by_class.values() for x in xs]
-    scale = budget_cmd.encoded_scrape_bytes(everything, parts=parts) / budget_cmd.encoded_scrape_bytes(
+    scale = budget_plan.encoded_scrape_bytes(everything, parts=parts) / budget_plan.encoded_scrape_bytes(
         everything
     )
     assert scale > 1.05  # the parts repeat the strings they share
     for w, p in zip(whole, split, strict=True):
         assert p.full_bytes_per_second == pytest.approx(
-            budget_cmd.estimate_bytes_per_second(
+            budget_plan.estimate_bytes_per_second(
                 round(w.table_bytes * scale), w.samples_per_scrape, p.full_resolution_s, 60, 5.0
             )
         )
@@ -729,14 +729,14 @@ def test_plan_counts_what_splitting_a_window_for_a_small_cap_costs(
     encoder = BatchEncoder("default", "node", max_bytes=4096, version=codec.FORMAT_V2)
     batches = encoder.build_window([scrape])
     real = sum(len(encoder.encode(b, 1 << 32)) for b in batches)
-    assert budget_cmd.encoded_scrape_bytes(everything, parts=len(batches)) == pytest.approx(real, rel=0.1)
+    assert budget_plan.encoded_scrape_bytes(everything, parts=len(batches)) == pytest.approx(real, rel=0.1)
 
 
 def test_a_scrape_too_large_for_one_batch_is_costed_in_parts() -> None:
     rng = random.Random(1)
     # Incompressible label values: more than one MQTT message's worth (codec limit 1 MiB).
     big = [((("__name__", "m"), ("pad", rng.randbytes(150).hex())), float(i)) for i in range(12000)]
-    assert budget_cmd.encoded_scrape_bytes(big) > codec.DEFAULT_LIMITS.max_payload_bytes
+    assert budget_plan.encoded_scrape_bytes(big) > codec.DEFAULT_LIMITS.max_payload_bytes
 
 
 # --------------------------------------------------------------------------------------------------
@@ -793,7 +793,7 @@ def expected_series(simulator: Simulator) -> dict[str, int]:
 def test_cli_plan_table_fits(
     tmp_path: Path, sim_server: SimulatorServer, simulator: Simulator, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert edge_cli.COMMANDS["budget"][0] == "edge_relay.budget_cmd"
+    assert edge_cli.COMMANDS["budget"][0] == "edge_relay.budget.plan"
     assert run_cli("budget", "plan", "--config", str(relay_config(tmp_path, sim_server, 16384))) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -914,8 +914,8 @@ def test_relay_caps_batches_at_the_burst_and_warns_about_a_small_one(
             "version: 1\nuplink: {sustained_bytes_per_second: 280}\nclasses: [{name: all}]\n"
         )
         with caplog.at_level("WARNING", logger="edge_relay"):
-            relay._maybe_reload_budget()
-        assert relay.budget is not None and relay.budget.uplink.burst_bytes == 2 * 280 * 60
+            relay.budget.maybe_reload()
+        assert relay.budget is not None and relay.budget.budget.uplink.burst_bytes == 2 * 280 * 60
         assert relay.encoder.max_bytes == 2 * 280 * 60 - 512
         assert not [r for r in caplog.records if "burst_bytes" in r.getMessage()]
     finally:

@@ -28,23 +28,21 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from netfaults import BlackholeProxy
 from prometheus_client.parser import text_string_to_metric_families
-from services import Mosquitto, Prometheus, RawSamples, wait_until
-from stack import (
+
+from edge_relay.budget import PRESETS
+from testkit.netfaults import LinkProxy
+from testkit.oracle import compare, expected_samples, read_served_log
+from testkit.services import Mosquitto, Prometheus, RawSamples, wait_until
+from testkit.stack import (
     EXPORTERS,
     Program,
     SimulatorProcess,
-    compare,
-    expected_samples,
     ingest_config,
     program,
-    read_served_log,
     relay_config,
     write_yaml,
 )
-
-from edge_relay.budget import PRESETS
 
 NODE = "edge-gpu-01"
 WINDOW_S = 10
@@ -89,7 +87,7 @@ class Run:
     sim: SimulatorProcess
     relay: Program
     ingest: Program
-    proxy: BlackholeProxy
+    proxy: LinkProxy
     metrics_url: str
     budget_path: Path
     started: float = 0.0
@@ -112,7 +110,7 @@ def stack(tmp_path: Path, mosquitto: Mosquitto, prometheus: Prometheus) -> Itera
 
     def start(budget: dict[str, Any]) -> Run:
         sim = SimulatorProcess(tmp_path, seed=11, interval=1.0, churn_ticks=0).start()
-        proxy = BlackholeProxy(mosquitto.port)
+        proxy = LinkProxy(mosquitto.port)
         budget_path = write_yaml(tmp_path / "budget.yaml", budget)
         relay_cfg = relay_config(
             tmp_path, urls=sim.urls, mqtt_port=proxy.port, interval=1.0, budget_file=str(budget_path)

@@ -111,7 +111,7 @@ def small_batch() -> Batch:
 )
 def test_round_trip_examples(make: Callable[[], Batch]) -> None:
     batch = make()
-    data = codec.encode_batch(batch)
+    data = codec.encode_batch(batch, version=codec.FORMAT_V1)
     assert data[:4] == b"ERB\x01"
     assert view(codec.decode_batch(data)) == view(batch)
     header = codec.peek_header(data)
@@ -142,7 +142,7 @@ def test_stale_marker_survives_bit_exact() -> None:
 
 def test_encoder_accepts_plain_sequences() -> None:
     batch = Batch("c", "n", 1, [mg.labels("up")], [ScrapeBlock(T0, [0], [2.5], [T0 - 1])])  # type: ignore[arg-type]
-    decoded = codec.decode_batch(codec.encode_batch(batch))
+    decoded = codec.decode_batch(codec.encode_batch(batch, version=codec.FORMAT_V1))
     assert list(decoded.scrapes[0].values) == [2.5]
     assert list(decoded.scrapes[0].timestamps or []) == [T0 - 1]
 
@@ -151,7 +151,8 @@ def test_encoding_is_deterministic_and_levels_decode() -> None:
     batch = mg.batch_kepler()
     assert codec.encode_batch(batch) == codec.encode_batch(batch)
     for level in (1, 3, 9, 19):
-        assert view(codec.decode_batch(codec.encode_batch(batch, level))) == view(batch)
+        data = codec.encode_batch(batch, level, version=codec.FORMAT_V1)
+        assert view(codec.decode_batch(data)) == view(batch)
 
 
 label_names = st.from_regex(r"[a-zA-Z_][a-zA-Z0-9_]{0,12}", fullmatch=True).filter(lambda s: s != "__name__")
@@ -197,13 +198,13 @@ def batches(draw: st.DrawFn) -> Batch:
 @settings(max_examples=200, deadline=None)
 @given(batches(), st.sampled_from([1, 3, 5]))
 def test_property_round_trip(batch: Batch, level: int) -> None:
-    data = codec.encode_batch(batch, level)
+    data = codec.encode_batch(batch, level, version=codec.FORMAT_V1)
     header, decoded = codec.decode_batch_with_header(data)
     assert view(decoded) == view(batch)
     assert header == codec.peek_header(data)
     assert (header.first_ts_ms, header.last_ts_ms) == (batch.first_timestamp_ms, batch.last_timestamp_ms)
     assert header.sample_count == batch.sample_count
-    assert codec.encode_batch(decoded, level) == data
+    assert codec.encode_batch(decoded, level, version=codec.FORMAT_V1) == data
 
 
 # --------------------------------------------------------------------------------------------------
@@ -247,7 +248,7 @@ def test_golden_batch_re_encodes(path: Path) -> None:
     data = path.read_bytes()
     expected = _expected(path)
     header, batch = codec.decode_batch_with_header(data)
-    again = codec.encode_batch(batch, expected["encoder"]["zstd_level"])
+    again = codec.encode_batch(batch, expected["encoder"]["zstd_level"], version=codec.FORMAT_V1)
     assert codec.batch_to_json(*codec.decode_batch_with_header(again)) == codec.batch_to_json(header, batch)
     # zstd output may change between zstd releases, the msgpack inside must not.
     assert _raw_body(again) == _raw_body(data)
@@ -260,7 +261,7 @@ def test_golden_batch_bytes_stable(path: Path) -> None:
     if running != encoder["zstd"]:
         pytest.skip(f"vectors made with zstd {encoder['zstd']}, running {running}: bytes may differ")
     batch = codec.decode_batch(path.read_bytes())
-    assert codec.encode_batch(batch, encoder["zstd_level"]) == path.read_bytes()
+    assert codec.encode_batch(batch, encoder["zstd_level"], version=codec.FORMAT_V1) == path.read_bytes()
 
 
 @pytest.mark.parametrize("path", _golden("ack_"), ids=lambda p: p.stem)
@@ -772,7 +773,7 @@ def kepler_like_batch(n_series: int = 1000, n_scrapes: int = 10, seed: int = 7) 
 def test_kepler_like_size_and_speed() -> None:
     batch = kepler_like_batch()
     start = time.perf_counter()
-    data = codec.encode_batch(batch)
+    data = codec.encode_batch(batch, version=codec.FORMAT_V1)
     encode_s = time.perf_counter() - start
     start = time.perf_counter()
     decoded = codec.decode_batch(data)

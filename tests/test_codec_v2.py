@@ -27,12 +27,12 @@ from test_codec import (  # shared helpers
 from edge_relay.encode import to_batch
 from edge_relay.parse import SeriesCache, parse
 from edge_relay.shape import TargetShaper
-from edge_relay.simulate import EXPORTERS, Simulator
 from schemas import codec, columnar
 from schemas.codec import DEFAULT_LIMITS, DecodeError, EncodeError, Limits
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
+from simulator import EXPORTERS, Simulator
 
-V2 = codec.FORMAT_V2
+V1, V2 = codec.FORMAT_V1, codec.FORMAT_V2
 STREAM = {name: i for i, name in enumerate(codec.V2_STREAMS)}
 
 
@@ -136,14 +136,15 @@ def test_round_trip_examples(name: str) -> None:
     assert codec.peek_header(data) == header
     # Canonical: the decoded batch encodes to the same bytes, and v1 carries the same samples.
     assert encode2(decoded) == data
-    assert samples(codec.decode_batch(codec.encode_batch(batch))) == samples(decoded)
+    assert samples(codec.decode_batch(codec.encode_batch(batch, version=V1))) == samples(decoded)
 
 
 def test_version_selection() -> None:
     batch = mg.batch_small()
     assert (codec.FORMAT_V2, codec.CODEC_V2) == (2, "columnar+zstd")
-    assert codec.encode_batch(batch)[:4] == b"ERB\x01"  # v1 stays the default
-    assert codec.encode_batch(batch, version=codec.FORMAT_V1) == codec.encode_batch(batch)
+    assert codec.CURRENT_FORMAT_VERSION == codec.FORMAT_V2
+    assert codec.encode_batch(batch)[:4] == b"ERB\x02"  # v2 is the default
+    assert codec.encode_batch(batch, version=codec.FORMAT_V2) == codec.encode_batch(batch)
     for bad in (0, 3, "2"):
         with pytest.raises(EncodeError) as info:
             codec.encode_batch(batch, version=bad)  # type: ignore[arg-type]
@@ -254,7 +255,7 @@ def test_equal_duplicates_merge_and_conflicts_are_refused() -> None:
     header, decoded = codec.decode_batch_with_header(encode2(same))
     assert header.sample_count == 1
     assert set(samples(decoded)) == set(samples(same))
-    assert set(samples(codec.decode_batch(codec.encode_batch(same)))) == set(samples(decoded))
+    assert set(samples(codec.decode_batch(codec.encode_batch(same, version=V1)))) == set(samples(decoded))
     stale_twice = Batch(
         "c",
         "n",
@@ -372,7 +373,7 @@ def test_property_window_round_trip(batch: Batch, level: int) -> None:
     assert (header.first_ts_ms, header.last_ts_ms) == (batch.first_timestamp_ms, batch.last_timestamp_ms)
     assert header.sample_count == batch.sample_count
     assert encode2(decoded, level) == data
-    assert samples(codec.decode_batch(codec.encode_batch(batch, level))) == samples(decoded)
+    assert samples(codec.decode_batch(codec.encode_batch(batch, level, version=V1))) == samples(decoded)
 
 
 @st.composite
@@ -407,7 +408,7 @@ def test_property_arbitrary_batches_match_v1(batch: Batch) -> None:
         return
     header, decoded = codec.decode_batch_with_header(encode2(batch))
     check_shape(decoded)
-    assert set(samples(decoded)) == set(samples(codec.decode_batch(codec.encode_batch(batch))))
+    assert set(samples(decoded)) == set(samples(codec.decode_batch(codec.encode_batch(batch, version=V1))))
     assert max(samples(decoded).values(), default=1) == 1
     assert header.sample_count == len(values)
     assert (header.first_ts_ms, header.last_ts_ms) == (batch.first_timestamp_ms, batch.last_timestamp_ms)
@@ -762,7 +763,8 @@ def test_encoder_limits() -> None:
     with pytest.raises(EncodeError) as info:
         encode2(many, limits=Limits(max_scrapes=2))
     assert info.value.reason == "too_many_scrapes"
-    assert codec.decode_batch(codec.encode_batch(many, limits=Limits(max_scrapes=2)), Limits(max_scrapes=2))
+    v1_many = codec.encode_batch(many, limits=Limits(max_scrapes=2), version=V1)
+    assert codec.decode_batch(v1_many, Limits(max_scrapes=2))
 
 
 def test_unvalidated_garbage_is_an_encode_error() -> None:
@@ -798,7 +800,7 @@ def simulator_window(series: int, scrapes: int) -> Batch:
 
 def test_v2_is_much_smaller_on_a_realistic_window() -> None:
     batch = simulator_window(2000, 12)
-    v1, v2 = codec.encode_batch(batch), encode2(batch)
+    v1, v2 = codec.encode_batch(batch, version=V1), encode2(batch)
     assert samples(codec.decode_batch(v2)) == samples(batch)
     print(
         f"\n{batch.sample_count} samples: v1 {len(v1) / batch.sample_count:.2f} B/sample, "

@@ -1,7 +1,9 @@
-"""Unit tests of edge_relay/controller.py: allowed rate (windows, quota), degrade/restore order, status.
+"""Unit tests of edge_relay/budget/controller.py: allowed rate (windows, quota), degrade/restore order,
+status.
 
 The shaper is a stand-in with the BudgetShaper's level interface (the real one is tested in
-tests/test_shape_budget.py; the closed loop on real services in tests/test_budget_e2e.py).
+tests/test_shape_budget.py; the closed loop on real services in tests/test_budget_e2e.py), and so is
+the pacer: the test drives its wire and payload totals and records what the controller configures.
 """
 
 from __future__ import annotations
@@ -12,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from edge_relay.budget import Budget, ClassPolicy, RateWindow, Uplink
-from edge_relay.controller import Controller
+from edge_relay.budget import Budget, ClassPolicy, RateWindow, UplinkBudget
+from edge_relay.budget.controller import Controller
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.spool import Spool
 
@@ -46,6 +48,18 @@ class FakeShaper:
         return min(base * 2 ** self.level(i), max(c.max_resolution_s, base))
 
 
+@dataclass
+class FakePacer:
+    """The pacer's controller-side interface: totals the test sets, configurations it records."""
+
+    wire_total: int = 0
+    published_payload_bytes: int = 0
+    pacing: list[tuple[float | None, float]] = field(default_factory=list)
+
+    def configure(self, rate: float | None, burst: float) -> None:
+        self.pacing.append((rate, burst))
+
+
 CLASSES = (
     ClassPolicy("critical"),  # never degrades
     ClassPolicy("kepler", resolution_s=5, max_resolution_s=20),
@@ -55,7 +69,7 @@ NOON = datetime(2026, 11, 30, 12, 0, tzinfo=UTC).timestamp()
 
 
 def budget(rate: int = 10_000, *, quota: int = 0, windows: tuple[RateWindow, ...] = ()) -> Budget:
-    up = Uplink(
+    up = UplinkBudget(
         sustained_bytes_per_second=rate,
         burst_bytes=4 * rate,
         daily_quota_bytes=quota,
@@ -68,8 +82,8 @@ def budget(rate: int = 10_000, *, quota: int = 0, windows: tuple[RateWindow, ...
 class Rig:
     def __init__(self, tmp_path: Path, b: Budget, start: float = NOON) -> None:
         self.now = start
-        self.wire = 0
-        self.pacing: list[tuple[float | None, float]] = []
+        self.pacer = FakePacer()
+        self.pacing = self.pacer.pacing
         self.spool = Spool(tmp_path / "spool.db")
         self.shaper = FakeShaper(b, 5.0)
         self.metrics = RelayMetrics()
@@ -79,11 +93,10 @@ class Rig:
         return Controller(
             b,
             self.shaper,  # type: ignore[arg-type]
-            self.spool,
+            self.spool.meta,
             self.metrics,
             interval_s=5.0,
-            wire_total=lambda: self.wire,
-            set_pacing=lambda rate, burst: self.pacing.append((rate, burst)),
+            pacer=self.pacer,  # type: ignore[arg-type]
             clock=lambda: self.now,
         )
 
@@ -92,8 +105,8 @@ class Rig:
         for _ in range(int(seconds / 5)):
             self.now += 5
             self.controller.produced(int(produce_per_s * 5))
-            self.wire += int(produce_per_s * 5)
-            self.controller.published(self.wire)
+            self.pacer.wire_total += int(produce_per_s * 5)
+            self.pacer.published_payload_bytes = self.pacer.wire_total
             for s in self.shaper.stats:
                 s.samples_out += 100
             self.controller.tick(backlog)
@@ -173,7 +186,7 @@ def test_daily_quota_spreads_what_is_left_and_persists(tmp_path: Path) -> None:
     rig = Rig(tmp_path, budget(10_000, quota=quota))
     assert rig.controller.allowed_rate(NOON) == pytest.approx(1000)
     rig.run(5, 0)
-    rig.wire += quota // 2
+    rig.pacer.wire_total += quota // 2
     rig.run(60, 0)  # saved once a minute
     assert rig.controller.used_today == quota // 2
     assert rig.pacing[-1][0] == pytest.approx(500, rel=0.01)
@@ -181,7 +194,7 @@ def test_daily_quota_spreads_what_is_left_and_persists(tmp_path: Path) -> None:
     again = rig.make(budget(10_000, quota=quota))
     assert again.used_today == quota // 2
     # used up: nothing more today, and the state says so
-    rig.wire += quota
+    rig.pacer.wire_total += quota
     rig.run(5, 0)
     assert rig.pacing[-1] == (0.0, 0.0)
     assert rig.controller.state == "quota_exhausted"

@@ -9,11 +9,11 @@ from array import array
 from pathlib import Path
 
 import yaml
-from services import Prometheus
 
 from cloud_ingest.deadletter import DeadLetterStore
 from schemas import codec, topics
 from schemas.model import Batch, ScrapeBlock
+from testkit.services import Prometheus
 
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:

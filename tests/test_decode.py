@@ -145,7 +145,7 @@ def test_truncated_payload(keep: int) -> None:
 
 
 def test_corrupted_body_refused_with_seq() -> None:
-    envelope = msgpack.unpackb(payload(make_batch(seq=99))[4:], raw=False)
+    envelope = msgpack.unpackb(codec.encode_batch(make_batch(seq=99), version=codec.FORMAT_V1)[4:], raw=False)
     envelope["body"] = envelope["body"][:4] + b"\x00" * 40  # zstd magic, then junk
     data = codec.MAGIC + bytes((codec.FORMAT_V1,)) + msgpack.packb(envelope, use_bin_type=True)
     err = refused(TOPIC, data)
@@ -154,7 +154,7 @@ def test_corrupted_body_refused_with_seq() -> None:
 
 
 def test_header_body_mismatch_refused_with_seq() -> None:
-    envelope = msgpack.unpackb(payload(make_batch(seq=12))[4:], raw=False)
+    envelope = msgpack.unpackb(codec.encode_batch(make_batch(seq=12), version=codec.FORMAT_V1)[4:], raw=False)
     envelope["n"] = 3
     data = codec.MAGIC + bytes((codec.FORMAT_V1,)) + msgpack.packb(envelope, use_bin_type=True)
     err = refused(TOPIC, data)

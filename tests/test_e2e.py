@@ -15,19 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from services import Mosquitto, Prometheus, RawSamples, VictoriaMetrics, wait_until
-from stack import (
-    EXPORTERS,
-    SimulatorProcess,
-    compare,
-    expected_samples,
-    ingest_config,
-    program,
-    read_served_log,
-    relay_config,
-)
 
 from schemas.model import is_stale
+from testkit.oracle import compare, expected_samples, read_served_log
+from testkit.services import Mosquitto, Prometheus, RawSamples, VictoriaMetrics, wait_until
+from testkit.stack import EXPORTERS, SimulatorProcess, ingest_config, program, relay_config
 
 RUN_SECONDS = 32
 SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}

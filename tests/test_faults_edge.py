@@ -35,24 +35,14 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
-from services import Mosquitto, Prometheus, RawSamples, wait_until
-from stack import (
-    EXPORTERS,
-    Program,
-    Served,
-    SimulatorProcess,
-    compare,
-    expected_samples,
-    ingest_config,
-    program,
-    read_served_log,
-    relay_config,
-    same_value,
-)
 
 from schemas import codec
 from schemas.model import Batch, is_stale
+from testkit.oracle import Served, compare, expected_samples, read_served_log, same_value
+from testkit.readings import metric_sum as metric
+from testkit.readings import read_metrics
+from testkit.services import Mosquitto, Prometheus, RawSamples, wait_until
+from testkit.stack import EXPORTERS, Program, SimulatorProcess, ingest_config, program, relay_config
 
 NODE = "edge-gpu-01"
 CLUSTER = "test"
@@ -73,21 +63,6 @@ ACK_TIMEOUT_SECONDS = 3
 def _listen_url(config: Path) -> str:
     listen = yaml.safe_load(config.read_text())["metrics"]["listen"]
     return f"http://{listen}/metrics"
-
-
-def read_metrics(url: str) -> list[tuple[str, dict[str, str], float]]:
-    resp = requests.get(url, timeout=5)
-    resp.raise_for_status()
-    return [
-        (s.name, dict(s.labels), float(s.value))
-        for fam in text_string_to_metric_families(resp.text)
-        for s in fam.samples
-    ]
-
-
-def metric(samples: list[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
-    """Sum of the samples called ``name`` whose labels include ``labels`` (0 if there are none)."""
-    return sum(v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items()))
 
 
 def spool_query(path: Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:

@@ -6,7 +6,7 @@ relay drain its spool, stops it with SIGTERM and then compares what Prometheus h
 simulator served, sample by sample: 0 lost, 0 changed values, 0 extra, no duplicate timestamps.
 
 Faults: the broker stopped or killed and restarted (with and without persistence); a silent partition
-between relay and broker (``BlackholeProxy``: nothing is closed, only the keepalive can tell); the
+between relay and broker (``LinkProxy``: nothing is closed, only the keepalive can tell); the
 ingester stopped, and SIGKILLed after Prometheus took a write but before the ack (``RemoteWriteProxy``'s
 ``after_forward`` hook); Prometheus stopped and restarted, and answering 500, 503 and 429 for a while.
 """
@@ -26,22 +26,21 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from netfaults import BlackholeProxy, RemoteWriteProxy
 from prometheus_client.parser import text_string_to_metric_families
-from services import LOOPBACK, Mosquitto, Prometheus, RawSamples, ServiceFactory, VictoriaMetrics, wait_until
-from stack import (
-    EXPORTERS,
-    Program,
-    SimulatorProcess,
-    compare,
-    expected_samples,
-    ingest_config,
-    program,
-    read_served_log,
-    relay_config,
-)
 
 from schemas.model import is_stale
+from testkit.netfaults import LinkProxy, RemoteWriteProxy
+from testkit.oracle import compare, expected_samples, read_served_log
+from testkit.services import (
+    LOOPBACK,
+    Mosquitto,
+    Prometheus,
+    RawSamples,
+    ServiceFactory,
+    VictoriaMetrics,
+    wait_until,
+)
+from testkit.stack import EXPORTERS, Program, SimulatorProcess, ingest_config, program, relay_config
 
 NODE = "edge-gpu-01"
 CLUSTER = "test"
@@ -298,7 +297,7 @@ def test_broker_down_and_restarted_loses_nothing(
 def test_silent_partition_noticed_by_keepalive_and_buffered(
     mosquitto: Mosquitto, prometheus: Prometheus, fault_run: Callable[..., FaultRun]
 ) -> None:
-    proxy = BlackholeProxy(mosquitto.port)
+    proxy = LinkProxy(mosquitto.port)
     try:
         run = fault_run(
             broker_port=mosquitto.port,

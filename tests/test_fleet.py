@@ -18,9 +18,6 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 import requests
-from rw_mock import no_proxies_fixture as no_proxies_fixture
-from services import Mosquitto, Prometheus, ServiceFactory, free_port, wait_until
-from stack import ingest_config
 
 from cloud_ingest import fleet as fleet_mod
 from cloud_ingest import fleet_cmd
@@ -31,6 +28,9 @@ from cloud_ingest.service import Ingester
 from relay_common.httpserver import MetricsServer
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
+from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture
+from testkit.services import Mosquitto, Prometheus, ServiceFactory, free_port, wait_until
+from testkit.stack import ingest_config
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = "edgemetrics"

@@ -22,14 +22,14 @@ import pytest
 import requests
 import yaml
 from prometheus_client import CollectorRegistry
-from services import Prometheus
 
 from cloud_ingest.selfmetrics import IngestMetrics
 from cloud_ingest.write import build_write_request
 from edge_relay.parse import parse
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.simulate import Simulator
 from schemas.model import Batch, Labels, ScrapeBlock
+from simulator import Simulator
+from testkit.services import Prometheus
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAFANA = ROOT / "deploy/grafana"

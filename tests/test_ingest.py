@@ -5,7 +5,7 @@ topics and collects the application acks on ``<prefix>/v1/+/+/ack``.  Samples go
 fixture when a real receiver can show the behaviour, and to ``MockReceiver`` (stdlib ``http.server`` on
 127.0.0.1) only for what a real one cannot do on demand: 5xx/429 with Retry-After, 400 with a chosen
 body, replies that hang.  The ingester runs in-process (``Ingester(settings)``) except in the kill tests,
-which run ``cloud-ingest run`` as subprocesses (``tests/stack.py``) and SIGKILL them.
+which run ``cloud-ingest run`` as subprocesses (``testkit/stack.py``) and SIGKILL them.
 
 Readiness: the edge publishes a retained status for the node ``probe`` before any ingester starts.  The
 status and batch filters are subscribed in one SUBSCRIBE packet, so once an ingester's
@@ -43,9 +43,6 @@ import paho.mqtt.client as mqtt
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
-from rw_mock import no_proxies_fixture as no_proxies_fixture
-from services import Mosquitto, Prometheus, RawSamples, ServiceFactory, free_port, wait_until
-from stack import Program, ingest_config, program
 
 from cloud_ingest import settings as settings_mod
 from cloud_ingest.deadletter import DeadLetter
@@ -53,6 +50,9 @@ from cloud_ingest.service import Ingester
 from schemas import codec, remote_write_pb, topics
 from schemas.codec import AckResult
 from schemas.model import Batch, Labels, ScrapeBlock
+from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture
+from testkit.services import Mosquitto, Prometheus, RawSamples, ServiceFactory, free_port, wait_until
+from testkit.stack import Program, ingest_config, program
 
 pytestmark = pytest.mark.integration
 

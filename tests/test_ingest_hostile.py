@@ -48,8 +48,6 @@ import yaml
 import zstandard
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-from rw_mock import no_proxies_fixture as no_proxies_fixture  # the shared fixtures (explicit re-exports)
-from services import Prometheus, wait_until
 from test_ingest import CLUSTER as INGEST_CLUSTER
 from test_ingest import METRIC, Edge, Ingesters, as_expected, expected_samples, make_batch, now_ms, sample
 from test_ingest import edge as edge
@@ -62,6 +60,8 @@ from cloud_ingest.decode import Decoded, Refused, decode
 from cloud_ingest.service import Ingester
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
+from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture  # shared fixture, explicit re-export
+from testkit.services import Prometheus, wait_until
 
 PREFIX = "edgemetrics"
 CLUSTER = "c1"

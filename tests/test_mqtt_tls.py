@@ -27,8 +27,9 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from services import ManagedProcess, Mosquitto, Prometheus, ServiceFactory, free_port, wait_until
-from stack import Program, SimulatorProcess, ingest_config, program, relay_config
+
+from testkit.services import ManagedProcess, Mosquitto, Prometheus, ServiceFactory, free_port, wait_until
+from testkit.stack import Program, SimulatorProcess, ingest_config, program, relay_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CLOUD_CONF = ROOT / "deploy/mosquitto/cloud/mosquitto.conf"
@@ -38,7 +39,7 @@ BRIDGE_CONF = ROOT / "deploy/mosquitto/edge/bridge.conf"
 NODE_A = "edge-gpu-a"
 NODE_B = "edge-gpu-b"
 INGEST_IDENTITY = "cloud-ingest"
-CLUSTER = "test"  # what tests/stack.py's relay_config() uses
+CLUSTER = "test"  # what testkit/stack.py's relay_config() uses
 PREFIX = "edgemetrics"
 NOT_AUTHORIZED = 135  # MQTT 5 reason code
 

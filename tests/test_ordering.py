@@ -11,12 +11,12 @@ from collections.abc import Callable
 
 import cramjam
 import pytest
-from netfaults import RemoteWriteProxy
-from services import Mosquitto, Prometheus, ServiceFactory
 from test_faults_link import FAULT_SECONDS, FaultRun, sleep_until
 from test_faults_link import fault_run as fault_run  # the shared fixture (explicit re-export)
 
 from schemas.remote_write_pb import WriteRequest
+from testkit.netfaults import RemoteWriteProxy
+from testkit.services import Mosquitto, Prometheus, ServiceFactory
 
 
 class Recorder:

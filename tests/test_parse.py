@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import struct
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -22,8 +21,9 @@ from edge_relay.parse import (
     parse,
 )
 from schemas.model import Labels, float_bits
+from simulator import data_path
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = data_path()
 FIXTURE_NAMES = ["kepler-current-sample.prom", "kepler-0.7-sample.prom", "dcgm-exporter-sample.prom"]
 OM = "application/openmetrics-text; version=1.0.0; charset=utf-8"
 TEXT = "text/plain; version=0.0.4; charset=utf-8"

@@ -9,6 +9,7 @@ from array import array
 from collections import Counter
 from pathlib import Path
 
+from edge_relay.encode import BatchEncoder
 from edge_relay.retention import Policy, Retention, describe, downsample
 from edge_relay.spool import Spool
 from schemas import codec
@@ -113,31 +114,34 @@ def fill(spool: Spool, batches: int, series: int = 200) -> set[tuple[Labels, int
             batch.seq = seq
             return codec.encode_batch(batch)
 
-        spool.append(enc, first_ts_ms=ts, last_ts_ms=ts, sample_count=batch.sample_count)
+        spool.batches.append(enc, first_ts_ms=ts, last_ts_ms=ts, sample_count=batch.sample_count)
     return everything
 
 
 def spooled_samples(spool: Spool) -> set[tuple[Labels, int, int]]:
-    rows = spool.pending(10_000, order="oldest_data")
+    rows = spool.batches.pending(10_000, order="oldest_data")
     return samples_of([codec.decode_batch(r.payload) for r in rows])
 
 
 def policy(**kw: int) -> Policy:
     base = {"cap_bytes": 0, "max_age_ms": 0, "max_factor": 8, "interval_ms": INTERVAL, "busy_ms": 60_000}
-    base["batch_max_bytes"] = 196_608
     base.update(kw)
     return Policy(**base)
+
+
+def encoder() -> BatchEncoder:
+    return BatchEncoder("c", "n", max_bytes=196_608)
 
 
 def test_cap_degrades_before_it_evicts_and_the_ledger_accounts_for_every_sample(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool.db")
     original = fill(spool, 96)
     size = spool.stats().bytes
-    retention = Retention(spool, policy(cap_bytes=size // 3), cluster="c", node="n")
+    retention = Retention(spool, policy(cap_bytes=size // 3), encoder=encoder())
     for _ in range(40):
         retention.enforce(T0 + 10**6)
     left = spooled_samples(spool)
-    totals = spool.loss_totals()
+    totals = spool.losses.totals()
     assert spool.stats().bytes <= size // 3
     assert totals.get("downsampled", 0) > 0, "degrade must come first"
     # Nothing invented, nothing changed: what is left is a subset of what was scraped ...
@@ -153,9 +157,9 @@ def test_cap_degrades_before_it_evicts_and_the_ledger_accounts_for_every_sample(
 def test_eviction_only_after_max_degrade_factor(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool.db")
     original = fill(spool, 32)
-    retention = Retention(spool, policy(cap_bytes=1, max_factor=1), cluster="c", node="n")
+    retention = Retention(spool, policy(cap_bytes=1, max_factor=1), encoder=encoder())
     retention.enforce(T0 + 10**6)
-    totals = spool.loss_totals()
+    totals = spool.losses.totals()
     assert "downsampled" not in totals  # max_degrade_factor 1: never downsample
     assert totals["cap_bytes"] == len(original) - len(spooled_samples(spool)) > 0
     spool.close()
@@ -165,10 +169,10 @@ def test_max_age_evicts_old_batches_with_ledger_entries(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool.db")
     original = fill(spool, 10, series=10)
     now = T0 + 9 * INTERVAL
-    Retention(spool, policy(max_age_ms=3 * INTERVAL), cluster="c", node="n").enforce(now)
+    Retention(spool, policy(max_age_ms=3 * INTERVAL), encoder=encoder()).enforce(now)
     left = spooled_samples(spool)
     assert {ts for _, ts, _ in left} == {T0 + k * INTERVAL for k in range(6, 10)}
-    entries = spool.losses()
+    entries = spool.losses.entries()
     assert {e.reason for e in entries} == {"max_age"}
     assert sum(e.samples for e in entries) == len(original) - len(left)
     assert entries[0].series == '{job=~"kepler|node"}'
@@ -178,20 +182,20 @@ def test_max_age_evicts_old_batches_with_ledger_entries(tmp_path: Path) -> None:
 def test_make_room_evicts_the_oldest_first(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool.db")
     fill(spool, 6, series=5)
-    rows = spool.pending(10, order="oldest_data")
-    Retention(spool, policy(), cluster="c", node="n").make_room(T0, rows[0].byte_size + 1)
-    assert [r.seq for r in spool.pending(10)] == [r.seq for r in rows[2:]]
-    assert Counter(e.reason for e in spool.losses()) == {"spool_full": 1}  # one hour bucket, summed
+    rows = spool.batches.pending(10, order="oldest_data")
+    Retention(spool, policy(), encoder=encoder()).make_room(T0, rows[0].byte_size + 1)
+    assert [r.seq for r in spool.batches.pending(10)] == [r.seq for r in rows[2:]]
+    assert Counter(e.reason for e in spool.losses.entries()) == {"spool_full": 1}  # one hour bucket, summed
     spool.close()
 
 
 def test_rows_in_flight_are_left_alone(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool.db")
     fill(spool, 4, series=5)
-    seqs = [r.seq for r in spool.pending(10)]
-    spool.mark_sent(seqs, T0)
-    Retention(spool, policy(max_age_ms=1, busy_ms=60_000), cluster="c", node="n").enforce(T0 + 1000)
-    assert [r.seq for r in spool.pending(10)] == seqs
+    seqs = [r.seq for r in spool.batches.pending(10)]
+    spool.batches.mark_sent(seqs, T0)
+    Retention(spool, policy(max_age_ms=1, busy_ms=60_000), encoder=encoder()).enforce(T0 + 1000)
+    assert [r.seq for r in spool.batches.pending(10)] == seqs
     spool.close()
 
 

@@ -3,7 +3,7 @@
 Three ``cloud-ingest run`` replicas (stable client ids ``ingest-0..2``, one MQTT v5 share group
 ``ingest``) take the batches of four real ``edge-relay run`` processes (nodes ``edge-a`` .. ``edge-d``)
 that scrape one simulator every second, one exporter each, so the simulator's served log says which
-node fetched which payload and the oracle of ``tests/stack.py`` applies per node.
+node fetched which payload and the oracle of ``testkit/oracle.py`` applies per node.
 
 Each replica writes through its own ``RemoteWriteProxy`` (forwarding to the one Prometheus), which
 records every body it forwards: that is how the test knows which replica wrote what. Mid-run the
@@ -32,21 +32,13 @@ import paho.mqtt.client as mqtt
 import pytest
 import requests
 import yaml
-from netfaults import RemoteWriteProxy
 from prometheus_client.parser import text_string_to_metric_families
-from services import Mosquitto, Prometheus, RawSamples, wait_until
-from stack import (
-    Program,
-    SimulatorProcess,
-    compare,
-    expected_samples,
-    ingest_config,
-    program,
-    read_served_log,
-    relay_config,
-)
 
 from schemas import codec, topics
+from testkit.netfaults import RemoteWriteProxy
+from testkit.oracle import compare, expected_samples, read_served_log
+from testkit.services import Mosquitto, Prometheus, RawSamples, wait_until
+from testkit.stack import Program, SimulatorProcess, ingest_config, program, relay_config
 
 CLUSTER = "test"  # relay_config's cluster
 PREFIX = "edgemetrics"

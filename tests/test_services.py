@@ -1,4 +1,4 @@
-"""Smoke tests of tests/services.py: the real services start, talk, restart and are reaped."""
+"""Smoke tests of testkit/services.py: the real services start, talk, restart and are reaped."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ import cramjam
 import paho.mqtt.client as mqtt
 import pytest
 import requests
-from services import (
+
+from schemas.model import STALE_NAN, is_stale
+from testkit.services import (
     Mosquitto,
     Prometheus,
     RawSamples,
@@ -30,8 +32,6 @@ from services import (
     free_port,
     wait_until,
 )
-
-from schemas.model import STALE_NAN, is_stale
 
 pytestmark = pytest.mark.integration
 
@@ -233,7 +233,7 @@ def _dead(pid: int) -> bool:
 def test_services_die_with_a_hard_killed_test_process(tmp_path: Path) -> None:
     code = (
         "import sys, time\n"
-        "from services import Mosquitto\n"
+        "from testkit.services import Mosquitto\n"
         "print(Mosquitto(sys.argv[1]).start().pid, flush=True)\n"
         "time.sleep(60)\n"
     )

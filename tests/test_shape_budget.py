@@ -1,4 +1,4 @@
-"""Tests of BudgetShaper (edge_relay/shape.py): the bandwidth budget's per-class shaping."""
+"""Tests of BudgetShaper (edge_relay/budget/shaper.py): the bandwidth budget's per-class shaping."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge_relay.budget import Budget, ClassPolicy, Matcher, Uplink
+from edge_relay.budget import Budget, ClassPolicy, Matcher, UplinkBudget
+from edge_relay.budget.shaper import BudgetShaper, ClassStats
 from edge_relay.encode import to_batch
-from edge_relay.shape import BudgetShaper, ClassStats, ShapedScrape
+from edge_relay.shape import ShapedScrape
 from schemas import codec
 from schemas.model import STALE_NAN, STALE_NAN_BITS, Labels, float_bits, is_stale
 
@@ -29,7 +30,7 @@ def L(name: str, **labels: str) -> Labels:
 
 
 def budget(*classes: ClassPolicy) -> Budget:
-    return Budget("test", Uplink(sustained_bytes_per_second=10_000, burst_bytes=100_000), classes)
+    return Budget("test", UplinkBudget(sustained_bytes_per_second=10_000, burst_bytes=100_000), classes)
 
 
 def by_name(pattern: str) -> tuple[Matcher, ...]:

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge_relay.simulate import (
+from simulator import (
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_OPENMETRICS_001,
     CONTENT_TYPE_SNIFFED,
@@ -27,12 +27,13 @@ from edge_relay.simulate import (
     EXPORTERS,
     Simulator,
     SimulatorServer,
+    data_path,
     format_go_float,
     format_om_float,
     negotiate_openmetrics,
 )
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = data_path()
 FIXTURE_OF = {
     "kepler": "kepler-current-sample.prom",
     "kepler-0.7": "kepler-0.7-sample.prom",
@@ -548,7 +549,7 @@ def test_render_rejects_bad_arguments() -> None:
 def test_cli_prints_ready_serves_and_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     code = (
         "import argparse, sys\n"
-        "from edge_relay import simulate\n"
+        "from simulator import server as simulate\n"
         "p = argparse.ArgumentParser()\n"
         "simulate.add_arguments(p)\n"
         "sys.exit(simulate.run(p.parse_args(sys.argv[1:])))\n"

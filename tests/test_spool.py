@@ -39,7 +39,9 @@ def enc(body: bytes = b"") -> Callable[[int], bytes]:
 
 
 def put(spool: Spool, body: bytes = b"", *, ts: int = 1000, priority: int = 0, samples: int = 1) -> int:
-    return spool.append(enc(body), first_ts_ms=ts, last_ts_ms=ts + 1, sample_count=samples, priority=priority)
+    return spool.batches.append(
+        enc(body), first_ts_ms=ts, last_ts_ms=ts + 1, sample_count=samples, priority=priority
+    )
 
 
 def raw_conn(path: Path) -> sqlite3.Connection:
@@ -61,18 +63,18 @@ def test_schema_and_pragmas(spool_path: Path) -> None:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2  # incremental
         conn.close()
-        assert spool._conn is not None
-        assert spool._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-        assert spool._conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
+        assert spool.store._conn is not None
+        assert spool.store._conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        assert spool.store._conn.execute("PRAGMA busy_timeout").fetchone()[0] == 5000
 
 
 def test_seq_monotonic_across_reopen_and_after_deleting_everything(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
         assert [put(spool) for _ in range(3)] == [1, 2, 3]
-        assert spool.ack([1, 2, 3]) == 3
+        assert spool.batches.ack([1, 2, 3]) == 3
         assert spool.stats().rows == 0
         assert put(spool) == 4
-        assert spool.ack([4]) == 1
+        assert spool.batches.ack([4]) == 1
     with Spool(spool_path) as spool:
         assert spool.stats().rows == 0
         assert spool.stats().last_seq == 4
@@ -87,8 +89,8 @@ def test_append_returns_seq_and_passes_it_to_encode(spool_path: Path) -> None:
         return b"batch-%d" % seq
 
     with Spool(spool_path) as spool:
-        seq = spool.append(encode, first_ts_ms=10, last_ts_ms=20, sample_count=7, priority=2)
-        (row,) = spool.pending(10)
+        seq = spool.batches.append(encode, first_ts_ms=10, last_ts_ms=20, sample_count=7, priority=2)
+        (row,) = spool.batches.pending(10)
     assert seen == [seq]
     assert row.payload == b"batch-%d" % seq
     assert (row.first_ts_ms, row.last_ts_ms, row.sample_count, row.priority) == (10, 20, 7, 2)
@@ -103,7 +105,7 @@ def test_nan_payload_bytes_round_trip_exactly(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
         seq = put(spool, body)
     with Spool(spool_path) as spool:
-        (row,) = spool.pending(1)
+        (row,) = spool.batches.pending(1)
     assert row.seq == seq
     assert row.payload == seq.to_bytes(8, "big") + body
     assert struct.unpack("<4Q", row.payload[8:40]) == tuple(nan_bits)
@@ -119,9 +121,9 @@ def test_encode_failure_stores_nothing(spool_path: Path) -> None:
 
     with Spool(spool_path) as spool:
         with pytest.raises(RuntimeError, match="encoder broke"):
-            spool.append(boom, first_ts_ms=1, last_ts_ms=1, sample_count=1)
+            spool.batches.append(boom, first_ts_ms=1, last_ts_ms=1, sample_count=1)
         with pytest.raises(TypeError):
-            spool.append(lambda seq: "text", first_ts_ms=1, last_ts_ms=1, sample_count=1)  # type: ignore[arg-type,return-value]
+            spool.batches.append(lambda seq: "text", first_ts_ms=1, last_ts_ms=1, sample_count=1)  # type: ignore[arg-type,return-value]
         assert spool.stats().rows == 0
         # The seq never left the node, so handing it out again is fine.
         assert put(spool) == 1
@@ -130,18 +132,18 @@ def test_encode_failure_stores_nothing(spool_path: Path) -> None:
 def test_ack_deletes_only_named_rows(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
         seqs = [put(spool) for _ in range(6)]
-        assert spool.ack([seqs[1], seqs[3], seqs[3], 999]) == 2
-        assert [r.seq for r in spool.pending(10)] == [seqs[0], seqs[2], seqs[4], seqs[5]]
-        assert spool.ack([seqs[1], 12345]) == 0  # duplicate ack after a replay: harmless
-        assert spool.ack([]) == 0
+        assert spool.batches.ack([seqs[1], seqs[3], seqs[3], 999]) == 2
+        assert [r.seq for r in spool.batches.pending(10)] == [seqs[0], seqs[2], seqs[4], seqs[5]]
+        assert spool.batches.ack([seqs[1], 12345]) == 0  # duplicate ack after a replay: harmless
+        assert spool.batches.ack([]) == 0
         assert spool.stats().rows == 4
 
 
 def test_ack_many_seqs_in_chunks(spool_path: Path) -> None:
     with Spool(spool_path, synchronous="OFF") as spool:
         seqs = [put(spool) for _ in range(1200)]
-        assert spool.mark_sent(seqs, 5) == 1200
-        assert spool.ack(range(1, 3000)) == 1200
+        assert spool.batches.mark_sent(seqs, 5) == 1200
+        assert spool.batches.ack(range(1, 3000)) == 1200
         assert spool.stats().rows == 0
 
 
@@ -152,26 +154,26 @@ def test_pending_order_limit_and_exclude(spool_path: Path) -> None:
         c = put(spool, priority=1)
         d = put(spool, priority=5)
         e = put(spool, priority=0)
-        assert [r.seq for r in spool.pending(10)] == [a, b, c, d, e]
-        assert [r.seq for r in spool.pending(2)] == [a, b]
-        assert [r.seq for r in spool.pending(10, order="newest")] == [e, d, c, b, a]
-        assert [r.seq for r in spool.pending(10, order="priority")] == [b, d, c, a, e]
-        assert [r.seq for r in spool.pending(2, exclude={a, b})] == [c, d]
-        assert [r.seq for r in spool.pending(3, exclude=[a, c, 77], order="newest")] == [e, d, b]
+        assert [r.seq for r in spool.batches.pending(10)] == [a, b, c, d, e]
+        assert [r.seq for r in spool.batches.pending(2)] == [a, b]
+        assert [r.seq for r in spool.batches.pending(10, order="newest")] == [e, d, c, b, a]
+        assert [r.seq for r in spool.batches.pending(10, order="priority")] == [b, d, c, a, e]
+        assert [r.seq for r in spool.batches.pending(2, exclude={a, b})] == [c, d]
+        assert [r.seq for r in spool.batches.pending(3, exclude=[a, c, 77], order="newest")] == [e, d, b]
         inflight = {b: 1.0, e: 2.0}
-        assert [r.seq for r in spool.pending(10, exclude=inflight.keys())] == [a, c, d]
-        assert spool.pending(0) == []
+        assert [r.seq for r in spool.batches.pending(10, exclude=inflight.keys())] == [a, c, d]
+        assert spool.batches.pending(0) == []
         with pytest.raises(ValueError):
-            spool.pending(1, order="random")
+            spool.batches.pending(1, order="random")
 
 
 def test_mark_sent_and_stats(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
         s1 = put(spool, b"x" * 10, ts=5000, samples=3)
         s2 = put(spool, b"y" * 20, ts=4000, samples=4)
-        assert spool.mark_sent([s1, 42], 123) == 1
-        assert spool.mark_sent([s1], 456) == 1
-        rows = {r.seq: r for r in spool.pending(10)}
+        assert spool.batches.mark_sent([s1, 42], 123) == 1
+        assert spool.batches.mark_sent([s1], 456) == 1
+        rows = {r.seq: r for r in spool.batches.pending(10)}
         assert (rows[s1].attempts, rows[s1].last_sent_ms) == (2, 456)
         assert (rows[s2].attempts, rows[s2].last_sent_ms) == (0, None)
         st = spool.stats()
@@ -179,7 +181,7 @@ def test_mark_sent_and_stats(spool_path: Path) -> None:
         assert st.quarantined_rows == 0
         assert st.last_seq == s2
         assert st.file_bytes > 0
-        spool.ack([s1, s2])
+        spool.batches.ack([s1, s2])
         assert spool.stats().oldest_first_ts_ms is None
 
 
@@ -212,21 +214,21 @@ def test_checksum_mismatch_is_quarantined(spool_path: Path, caplog: pytest.LogCa
         )
         conn.close()
         with caplog.at_level(logging.ERROR, logger="edge_relay.spool"):
-            rows = spool.pending(3)
+            rows = spool.batches.pending(3)
         assert [r.seq for r in rows] == [seqs[0], seqs[2], seqs[3]]  # the gap is filled
         assert "checksum" in caplog.text
-        (q,) = spool.quarantined()
+        (q,) = spool.batches.quarantined()
         assert q.seq == seqs[1]
         assert "checksum" in q.reason
         assert q.payload is not None and q.quarantined_ms > 0
         st = spool.stats()
         assert (st.rows, st.quarantined_rows) == (3, 1)
-        assert spool.quarantined_total == 1
-        assert spool.ack([seqs[1]]) == 0  # gone from circulation
+        assert spool.batches.quarantined_total == 1
+        assert spool.batches.ack([seqs[1]]) == 0  # gone from circulation
     with Spool(spool_path) as spool:
         assert spool.stats().quarantined_rows == 1
-        assert spool.clear_quarantine() == 1
-        assert spool.quarantined() == []
+        assert spool.batches.clear_quarantine() == 1
+        assert spool.batches.quarantined() == []
 
 
 @pytest.mark.parametrize(
@@ -246,8 +248,8 @@ def test_bad_rows_are_quarantined(spool_path: Path, sql: str, reason: str) -> No
         conn = raw_conn(spool_path)
         conn.execute(sql, (bad,))
         conn.close()
-        assert [r.seq for r in spool.pending(10)] == [good]
-        (q,) = spool.quarantined()
+        assert [r.seq for r in spool.batches.pending(10)] == [good]
+        (q,) = spool.batches.quarantined()
         assert q.seq == bad and reason in q.reason
         assert put(spool) == bad + 1
 
@@ -255,13 +257,13 @@ def test_bad_rows_are_quarantined(spool_path: Path, sql: str, reason: str) -> No
 def test_explicit_quarantine(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
         s1, s2 = put(spool), put(spool)
-        spool.quarantine(s1, "cloud could not decode it")
-        spool.quarantine(999, "unknown seq: no-op")
-        assert [r.seq for r in spool.pending(10)] == [s2]
-        (q,) = spool.quarantined()
+        spool.batches.quarantine(s1, "cloud could not decode it")
+        spool.batches.quarantine(999, "unknown seq: no-op")
+        assert [r.seq for r in spool.batches.pending(10)] == [s2]
+        (q,) = spool.batches.quarantined()
         assert (q.seq, q.reason) == (s1, "cloud could not decode it")
         assert q.payload == s1.to_bytes(8, "big")
-        assert spool.clear_quarantine([s1, 5]) == 1
+        assert spool.batches.clear_quarantine([s1, 5]) == 1
 
 
 # ------------------------------------------------------------------------------------- corrupt file
@@ -284,7 +286,7 @@ def test_garbage_file_is_moved_aside(spool_path: Path, caplog: pytest.LogCapture
         seq = put(spool)
         assert seq > max(old)
         assert seq >= spool.recovery.at_ms * 1000  # nothing readable: time-derived base
-        assert [r.seq for r in spool.pending(10)] == [seq]
+        assert [r.seq for r in spool.batches.pending(10)] == [seq]
     with Spool(spool_path) as spool:  # the fresh spool is a normal spool from now on
         assert spool.recovery is None
         assert put(spool) == seq + 1
@@ -305,7 +307,7 @@ def test_partially_corrupt_file_salvages_valid_rows(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
         assert spool.recovery is not None
         assert "quick_check" in spool.recovery.reason
-        rows = spool.pending(1000)
+        rows = spool.batches.pending(1000)
         assert len(rows) == spool.recovery.salvaged_rows == spool.stats().rows
         for row in rows:
             assert row.payload == originals[row.seq]
@@ -321,7 +323,7 @@ def test_corruption_found_at_run_time_recovers(spool_path: Path) -> None:
         f.write(b"\xa5" * (spool_path.stat().st_size - 4096))
     with Spool(spool_path, check_on_open=False) as spool:
         assert spool.recovered_from is None
-        assert spool.pending(10) == []  # hits SQLITE_CORRUPT, recovers, retries on the fresh spool
+        assert spool.batches.pending(10) == []  # hits SQLITE_CORRUPT, recovers, retries on the fresh spool
         recovery = spool.recovery
         assert recovery is not None and "pending" in recovery.reason
         assert put(spool) > max(old)
@@ -352,7 +354,7 @@ def test_recovery_continues_above_readable_seq_when_the_clock_says_1970(spool_pa
     clock = lambda: 0  # noqa: E731 - a node without RTC that booted at the epoch: no time-derived floor
     with Spool(spool_path, clock_ms=clock) as spool:
         seqs = [put(spool, b"x" * 100) for _ in range(4)]
-        spool.ack(seqs)
+        spool.batches.ack(seqs)
     conn = raw_conn(spool_path)
     (page_size,) = conn.execute("PRAGMA page_size").fetchone()
     (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'batches'").fetchone()
@@ -383,13 +385,13 @@ def test_max_bytes_cap_raises_spool_full_and_recovers_after_acks(spool_path: Pat
         with pytest.raises(SpoolFullError):
             put(spool, rng.randbytes(16 * 1024))
         assert spool.stats().rows == len(seqs)
-        assert len(spool.pending(100)) == len(seqs)
-        assert spool.mark_sent(seqs[:2], 1) == 2
-        spool.quarantine(seqs[-1], "make room")
-        assert spool.clear_quarantine() == 1
+        assert len(spool.batches.pending(100)) == len(seqs)
+        assert spool.batches.mark_sent(seqs[:2], 1) == 2
+        spool.batches.quarantine(seqs[-1], "make room")
+        assert spool.batches.clear_quarantine() == 1
         # Acks make room; the failed appends consumed no seq.
         half = seqs[: len(seqs) // 2]
-        assert spool.ack(half) == len(half)
+        assert spool.batches.ack(half) == len(half)
         more = [put(spool, rng.randbytes(16 * 1024)) for _ in range(len(half) - 1)]
         assert more[0] == seqs[-1] + 1
         assert more == sorted(more) and len(set(more)) == len(more)
@@ -404,9 +406,9 @@ def test_reopening_a_spool_above_a_new_cap(spool_path: Path) -> None:
     with Spool(spool_path, max_bytes=256 * 1024, synchronous="OFF") as spool:
         with pytest.raises(SpoolFullError):
             put(spool, b"q" * 8000)
-        assert spool.ack(seqs[:10]) == 10
+        assert spool.batches.ack(seqs[:10]) == 10
         assert put(spool, b"q" * 8000) == seqs[-1] + 1  # freed pages are reused
-        spool.ack(seqs[10:])
+        spool.batches.ack(seqs[10:])
         assert spool.compact() > 0
         # Back under the cap, the cap holds again.
         with pytest.raises(SpoolFullError):
@@ -418,7 +420,7 @@ def test_reopening_a_spool_above_a_new_cap(spool_path: Path) -> None:
 def test_compact_gives_space_back(spool_path: Path) -> None:
     with Spool(spool_path, synchronous="OFF") as spool:
         seqs = [put(spool, b"q" * 8000) for _ in range(100)]
-        spool.ack(seqs)
+        spool.batches.ack(seqs)
         assert spool.compact() > 0
         assert spool.compact() == 0
         assert put(spool) == seqs[-1] + 1
@@ -451,14 +453,14 @@ def test_concurrent_append_and_ack_loses_and_duplicates_nothing(spool_path: Path
         try:
             for _ in range(100_000):
                 finished = producer_done.is_set()
-                rows = spool.pending(64, order="oldest" if k == 0 else "newest")
+                rows = spool.batches.pending(64, order="oldest" if k == 0 else "newest")
                 if not rows and finished:
                     return
                 seqs = [r.seq for r in rows]
                 for r in rows:
                     assert r.payload[:8] == r.seq.to_bytes(8, "big")
-                spool.mark_sent(seqs, 1)
-                ack_counts[k] += spool.ack(seqs)
+                spool.batches.mark_sent(seqs, 1)
+                ack_counts[k] += spool.batches.ack(seqs)
                 acked[k].extend(seqs)
             raise AssertionError("consumer never finished")
         except BaseException as exc:
@@ -512,17 +514,19 @@ with Spool(path) as spool:
     sys.stdout.flush()
     while True:
         body = rng.randbytes(rng.choice((16, 900, 5000, 70000)))
-        seq = spool.append(lambda s: s.to_bytes(8, "big") + body, first_ts_ms=1, last_ts_ms=2, sample_count=1)
+        seq = spool.batches.append(
+            lambda s: s.to_bytes(8, "big") + body, first_ts_ms=1, last_ts_ms=2, sample_count=1
+        )
         note(f"A {seq}")
         if rng.random() < 0.4:
-            rows = spool.pending(8, order=rng.choice(("oldest", "newest")))
+            rows = spool.batches.pending(8, order=rng.choice(("oldest", "newest")))
             victims = [r.seq for r in rows if rng.random() < 0.6]
             if victims:
                 ids = " ".join(map(str, victims))
                 note(f"T {ids}")
-                spool.ack(victims)
+                spool.batches.ack(victims)
                 note(f"D {ids}")
-            spool.mark_sent([r.seq for r in rows], 7)
+            spool.batches.mark_sent([r.seq for r in rows], 7)
 """
 
 
@@ -594,9 +598,9 @@ def test_kill_9_at_random_moments_leaves_a_consistent_spool(tmp_path: Path) -> N
             conn.close()
         with Spool(spool_path) as spool:
             assert spool.recovery is None
-            rows: list[SpoolRow] = spool.pending(1_000_000)
+            rows: list[SpoolRow] = spool.batches.pending(1_000_000)
             st = spool.stats()
-            assert spool.quarantined_total == 0 and st.quarantined_rows == 0
+            assert spool.batches.quarantined_total == 0 and st.quarantined_rows == 0
             present = [r.seq for r in rows]
             assert present == sorted(set(present))
             for r in rows:
@@ -616,20 +620,20 @@ def test_kill_9_at_random_moments_leaves_a_consistent_spool(tmp_path: Path) -> N
 def test_staged_cycles_survive_reopen_and_promote_atomically(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
         put(spool)  # seq 1
-        a = spool.stage(b"cycle-a", first_ts_ms=1000, last_ts_ms=1000, sample_count=10)
-        b = spool.stage(b"cycle-b", first_ts_ms=6000, last_ts_ms=6000, sample_count=12)
+        a = spool.staging.stage(b"cycle-a", first_ts_ms=1000, last_ts_ms=1000, sample_count=10)
+        b = spool.staging.stage(b"cycle-b", first_ts_ms=6000, last_ts_ms=6000, sample_count=12)
         st = spool.stats()
         assert (st.rows, st.staged_rows, st.staged_samples, st.staged_bytes) == (1, 2, 22, 14)
     with Spool(spool_path) as spool:  # a restart inside the window keeps it
-        staged = spool.staged()
+        staged = spool.staging.staged()
         assert [(r.id, r.payload, r.sample_count) for r in staged] == [
             (a, b"cycle-a", 10),
             (b, b"cycle-b", 12),
         ]
         item = Replacement(enc(b"packed"), 1000, 6000, 22)
-        assert spool.promote([a, b], [item]) == [2]
-        assert spool.staged() == []
-        rows = spool.pending(10)
+        assert spool.staging.promote([a, b], [item]) == [2]
+        assert spool.staging.staged() == []
+        rows = spool.batches.pending(10)
         assert [(r.seq, r.payload, r.sample_count) for r in rows] == [
             (1, enc()(1), 1),
             (2, enc(b"packed")(2), 22),
@@ -639,48 +643,48 @@ def test_staged_cycles_survive_reopen_and_promote_atomically(spool_path: Path) -
 
 def test_promote_that_fails_keeps_the_staged_cycles(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
-        a = spool.stage(b"cycle", first_ts_ms=1000, last_ts_ms=1000, sample_count=3)
+        a = spool.staging.stage(b"cycle", first_ts_ms=1000, last_ts_ms=1000, sample_count=3)
 
         def boom(seq: int) -> bytes:
             raise ValueError("encoder bug")
 
         with pytest.raises(ValueError):
-            spool.promote([a], [Replacement(boom, 1000, 1000, 3)])
-        assert [r.id for r in spool.staged()] == [a]
+            spool.staging.promote([a], [Replacement(boom, 1000, 1000, 3)])
+        assert [r.id for r in spool.staging.staged()] == [a]
         assert spool.stats().rows == 0
         assert spool.stats().last_seq == 0
 
 
 def test_corrupt_staged_cycle_is_dropped_into_the_ledger(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
-        a = spool.stage(b"good", first_ts_ms=1000, last_ts_ms=1000, sample_count=3)
-        bad = spool.stage(b"flipped", first_ts_ms=2000, last_ts_ms=2000, sample_count=5)
+        a = spool.staging.stage(b"good", first_ts_ms=1000, last_ts_ms=1000, sample_count=3)
+        bad = spool.staging.stage(b"flipped", first_ts_ms=2000, last_ts_ms=2000, sample_count=5)
     conn = raw_conn(spool_path)
     conn.execute("UPDATE staging SET payload = ? WHERE id = ?", (b"flopped", bad))
     conn.close()
     with Spool(spool_path) as spool:
-        assert [r.id for r in spool.staged()] == [a]
-        assert spool.loss_totals() == {"corrupt_row": 5}
+        assert [r.id for r in spool.staging.staged()] == [a]
+        assert spool.losses.totals() == {"corrupt_row": 5}
         assert spool.stats().staged_rows == 1
 
 
 def test_stats_oldest_includes_staged_data(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
         put(spool, ts=5000)
-        spool.stage(b"x", first_ts_ms=3000, last_ts_ms=3000, sample_count=1)
+        spool.staging.stage(b"x", first_ts_ms=3000, last_ts_ms=3000, sample_count=1)
         assert spool.stats().oldest_first_ts_ms == 3000
 
 
 def test_meta_values_persist(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
-        assert spool.get_meta("budget_used_bytes", 7) == 7
-        spool.set_meta({"budget_used_bytes": 123, "budget_day": 739000})
-        spool.set_meta({"budget_used_bytes": 456})
+        assert spool.meta.get("budget_used_bytes", 7) == 7
+        spool.meta.set({"budget_used_bytes": 123, "budget_day": 739000})
+        spool.meta.set({"budget_used_bytes": 456})
     with Spool(spool_path) as spool:
-        assert spool.get_meta("budget_used_bytes", 0) == 456
-        assert spool.get_meta("budget_day", 0) == 739000
+        assert spool.meta.get("budget_used_bytes", 0) == 456
+        assert spool.meta.get("budget_day", 0) == 739000
         # the seq allocator's own meta key cannot be reached through these
-        spool.set_meta({"last_seq": 10**9})
+        spool.meta.set({"last_seq": 10**9})
         assert put(spool) == 1
 
 
@@ -692,5 +696,5 @@ def test_schema_v2_file_migrates_to_staging(spool_path: Path) -> None:
     conn.execute("PRAGMA user_version = 2")
     conn.close()
     with Spool(spool_path) as spool:
-        assert spool.stage(b"x", first_ts_ms=1, last_ts_ms=1, sample_count=1) >= 1
+        assert spool.staging.stage(b"x", first_ts_ms=1, last_ts_ms=1, sample_count=1) >= 1
         assert spool.stats().rows == 1

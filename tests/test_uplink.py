@@ -1,9 +1,9 @@
 """Integration tests of stage 6, ``edge_relay.uplink.Uplink``.
 
-The uplink talks to a real mosquitto (``tests/services.py``); the cloud is faked in the test with
+The uplink talks to a real mosquitto (``testkit/services.py``); the cloud is faked in the test with
 paho-mqtt: it subscribes to the node's batch topic and publishes application acks on the ack topic,
 following a per-test policy.  Network faults come from a small TCP proxy that can silently swallow
-traffic (``BlackholeProxy``); protocol negotiation is checked against a raw-socket fake broker
+traffic (``LinkProxy``); protocol negotiation is checked against a raw-socket fake broker
 (``FakeBroker``) that only speaks as much MQTT as the uplink needs.
 """
 
@@ -29,16 +29,19 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import pytest
-from netfaults import BlackholeProxy
-from services import LOOPBACK, Mosquitto, ServiceFactory, wait_until
 
+from edge_relay.budget.pacer import Pacer, TokenBucket, WireMeter, tcp_bytes
+from edge_relay.ledger import LossLedger
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
-from edge_relay.spool import Spool
-from edge_relay.uplink import TokenBucket, Uplink, WireMeter, tcp_bytes
+from edge_relay.spool import InFlight, SendQueue, Spool
+from edge_relay.status import StatusReport
+from edge_relay.uplink import Uplink
 from schemas import codec, topics
 from schemas.codec import AckResult, AckResultKind
 from schemas.model import Batch, ScrapeBlock
+from testkit.netfaults import LinkProxy
+from testkit.services import LOOPBACK, Mosquitto, ServiceFactory, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -87,7 +90,7 @@ def append_rows(spool: Spool, n: int) -> list[int]:
     for _ in range(n):
         ts = int(time.time() * 1000)
         seqs.append(
-            spool.append(
+            spool.batches.append(
                 lambda seq, ts=ts: batch_payload(seq, ts), first_ts_ms=ts, last_ts_ms=ts, sample_count=1
             )
         )
@@ -95,7 +98,7 @@ def append_rows(spool: Spool, n: int) -> list[int]:
 
 
 def spool_seqs(spool: Spool) -> list[int]:
-    return [row.seq for row in spool.pending(1_000_000)]
+    return [row.seq for row in spool.batches.pending(1_000_000)]
 
 
 def metric(metrics: RelayMetrics, name: str, **labels: str) -> float:
@@ -111,17 +114,8 @@ def published_total(metrics: RelayMetrics, kind: str) -> float:
     return metric(metrics, "edge_relay_batches_published_total", kind=kind)
 
 
-def spool_status(spool: Spool) -> Callable[[], dict[str, Any]]:
-    def status() -> dict[str, Any]:
-        st = spool.stats()
-        return {
-            "spool_rows": st.rows,
-            "spool_bytes": st.bytes,
-            "spool_samples": st.samples,
-            "oldest_unsent_ms": st.oldest_first_ts_ms,
-        }
-
-    return status
+def spool_status(spool: Spool) -> StatusReport:
+    return StatusReport(spool, LossLedger(spool.losses), None)
 
 
 # -- the fake cloud ---------------------------------------------------------------------------------
@@ -312,10 +306,15 @@ def make_uplink(make_service: ServiceFactory) -> Iterator[Callable[..., Uplink]]
             cfg,
             cluster=CLUSTER,
             node=NODE,
-            spool=spool,
+            queue=SendQueue(
+                spool.batches,
+                order=cfg.order,
+                inflight_limit=cfg.inflight_batches,
+                live_window_s=live_window_s,
+            ),
+            inflight=InFlight(),
             metrics=RelayMetrics(),
             status=spool_status(spool),
-            live_window_s=live_window_s,
         )
         if start:
             uplink.start()
@@ -359,7 +358,7 @@ def test_rows_published_qos1_oldest_first_and_deleted_only_on_ack(
 
     wait_until(lambda: len(cloud.seqs()) >= 5, timeout=10, message="5 batches at the cloud")
     assert cloud.seqs() == seqs  # oldest first, each once
-    payloads = {row.seq: row.payload for row in spool.pending(10)}
+    payloads = {row.seq: row.payload for row in spool.batches.pending(10)}
     for d in cloud.deliveries:
         assert d.topic == BATCH_TOPIC == f"{PREFIX}/v1/{CLUSTER}/{NODE}/batch"
         assert d.qos == 1  # the cloud subscribed with QoS 1: the delivery is QoS 1 only if published so
@@ -564,15 +563,19 @@ def test_retained_online_status_then_offline_after_clean_stop(
 _CHILD = r"""
 import json, sys, time
 from edge_relay.selfmetrics import RelayMetrics
+from edge_relay.ledger import LossLedger
 from edge_relay.settings import MQTT
-from edge_relay.spool import Spool
+from edge_relay.spool import InFlight, SendQueue, Spool
+from edge_relay.status import StatusReport
 from edge_relay.uplink import Uplink
 
 args = json.loads(sys.argv[1])
 spool = Spool(args["spool"])
+cfg = MQTT(**args["mqtt"])
+queue = SendQueue(spool.batches, order=cfg.order, inflight_limit=cfg.inflight_batches, live_window_s=5.0)
 uplink = Uplink(
-    MQTT(**args["mqtt"]), cluster=args["cluster"], node=args["node"], spool=spool,
-    metrics=RelayMetrics(), status=lambda: {"spool_rows": spool.stats().rows},
+    cfg, cluster=args["cluster"], node=args["node"], queue=queue, inflight=InFlight(),
+    metrics=RelayMetrics(), status=StatusReport(spool, LossLedger(spool.losses), None),
 )
 uplink.start()
 if not uplink.connected_event.wait(20):
@@ -631,7 +634,7 @@ def test_silent_partition_detected_by_keepalive_then_everything_delivered(
 ) -> None:
     keepalive = 2
     cloud = make_cloud(mosquitto, ack_all)
-    proxy = BlackholeProxy(mosquitto.port)
+    proxy = LinkProxy(mosquitto.port)
     try:
         before = append_rows(spool, 3)
         uplink = make_uplink(
@@ -928,7 +931,7 @@ def test_oversized_batch_neither_blocks_the_spool_nor_storms_the_broker(
 ) -> None:
     broker = make_service(Mosquitto, extra_conf="max_packet_size 4096")
     cloud = make_cloud(broker, ack_all)
-    big = spool.append(lambda _seq: os.urandom(8000), first_ts_ms=1, last_ts_ms=1, sample_count=1)
+    big = spool.batches.append(lambda _seq: os.urandom(8000), first_ts_ms=1, last_ts_ms=1, sample_count=1)
     small = append_rows(spool, 4)
     uplink = make_uplink(mqtt_cfg(broker.port, inflight_batches=2, ack_timeout_seconds=2.0), spool)
     uplink.kick()
@@ -1026,6 +1029,32 @@ def test_wire_meter_reads_the_kernel_counters() -> None:
             s.close()
 
 
+class NoTcpInfo:
+    """A socket whose kernel has no TCP_INFO byte counters."""
+
+    def getsockopt(self, *args: Any) -> bytes:
+        raise OSError("no TCP_INFO")
+
+
+def test_pacer_without_tcp_info_counts_its_estimate_and_adds_up_the_waiting() -> None:
+    now = [0.0]
+    metrics = RelayMetrics()
+    pacer = Pacer(metrics, clock=lambda: now[0])
+    assert pacer.allows(10**9, now[0])  # unlimited until configured
+    pacer.configure(1000.0, 4000.0)
+    assert pacer.allows(10**9, now[0])  # applied at the next loop turn's meter
+    pacer.meter(NoTcpInfo())
+    pacer.charge_publish(3904)  # with the framing estimate (96 B): the whole burst
+    pacer.meter(NoTcpInfo())
+    assert pacer.published_payload_bytes == 3904
+    assert pacer.wire_total == 4000
+    assert metric(metrics, "edge_relay_wire_bytes_total", direction="sent") == 4000
+    assert not pacer.allows(1, now[0]) and pacer.waiting
+    now[0] += 1.5
+    assert pacer.allows(1000 - 96, now[0]) and not pacer.waiting
+    assert pacer.paced_seconds == 1.5
+
+
 def big_payload(seq: int, ts_ms: int, series: int = 400) -> bytes:
     """A batch of ``series`` random values: about 8 bytes a series after compression."""
     rng = random.Random(seq)
@@ -1047,13 +1076,15 @@ def test_budget_paces_the_connection_and_counts_every_byte(
     cloud = make_cloud(mosquitto, ack_all)
     ts = int(time.time() * 1000)
     for _ in range(30):
-        spool.append(lambda seq: big_payload(seq, ts), first_ts_ms=ts, last_ts_ms=ts, sample_count=400)
-    total_payload = sum(len(r.payload) for r in spool.pending(100))
+        spool.batches.append(
+            lambda seq: big_payload(seq, ts), first_ts_ms=ts, last_ts_ms=ts, sample_count=400
+        )
+    total_payload = sum(len(r.payload) for r in spool.batches.pending(100))
     rate, burst = 8000.0, 12000.0
-    proxy = BlackholeProxy(mosquitto.port)
+    proxy = LinkProxy(mosquitto.port)
     uplink = make_uplink(mqtt_cfg(proxy.port, status_interval_seconds=2.0), spool, start=False)
     try:
-        uplink.set_budget(rate, burst)
+        uplink.pacer.configure(rate, burst)
         started = time.monotonic()
         uplink.start()
         uplink.kick()
@@ -1073,12 +1104,12 @@ def test_budget_paces_the_connection_and_counts_every_byte(
         assert worst <= one_batch + 0.05 * (burst + rate * elapsed), (worst, one_batch)
         # The relay's own count is the kernel's count of the same connection: the proxy saw the same.
         wait_until(
-            lambda: abs(uplink.wire.total - proxy.bytes_total) <= 0.02 * proxy.bytes_total,
+            lambda: abs(uplink.pacer.wire_total - proxy.bytes_total) <= 0.02 * proxy.bytes_total,
             timeout=5,
-            message=f"relay wire count {uplink.wire.total} vs proxy {proxy.bytes_total}",
+            message=f"relay wire count {uplink.pacer.wire_total} vs proxy {proxy.bytes_total}",
         )
         assert metric(uplink.metrics, "edge_relay_wire_bytes_total", direction="sent") >= total_payload
-        assert uplink.paced_seconds > 0
+        assert uplink.pacer.paced_seconds > 0
     finally:
-        uplink.stop(0)  # started by hand (after set_budget), so the fixture does not stop it
+        uplink.stop(0)  # started by hand (after configuring its pacer), so the fixture does not stop it
         proxy.close()

@@ -25,12 +25,6 @@ from google.protobuf import descriptor_pb2, text_format
 from google.protobuf.internal import api_implementation
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from rw_mock import FakeTime, MaxRng, MockReceiver, Reply, bits_to_float, wire_samples
-
-# Fixtures, asked for by their pytest names: _no_proxies (autouse), receiver, fake_time.
-from rw_mock import fake_time_fixture as fake_time_fixture
-from rw_mock import no_proxies_fixture as no_proxies_fixture
-from rw_mock import receiver_fixture as receiver_fixture
 
 from cloud_ingest.write import (
     DEFAULT_USER_AGENT,
@@ -42,6 +36,13 @@ from cloud_ingest.write import (
 from relay_common.backoff import Backoff
 from schemas import remote_write_pb as pb
 from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
+from testkit.rw_mock import FakeTime, MaxRng, MockReceiver, Reply
+
+# Fixtures, asked for by their pytest names: _no_proxies (autouse), receiver, fake_time.
+from testkit.rw_mock import fake_time_fixture as fake_time_fixture
+from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture
+from testkit.rw_mock import receiver_fixture as receiver_fixture
+from testkit.rw_wire import bits_to_float, wire_samples
 
 REPO = Path(__file__).resolve().parent.parent
 NOW_MS = 1_700_000_000_000

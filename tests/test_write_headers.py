@@ -5,7 +5,7 @@ Mimir wants the tenant in ``X-Scope-OrgID``, Thanos Receive in ``THANOS-TENANT``
 the headers the remote-write client sets itself (the protocol's) cannot be overridden, and a header the
 HTTP stack could not send is a configuration error at load time (``cloud-ingest check-config`` says so),
 not an exception in a worker thread on the first batch. Requests go to the scripted ``MockReceiver`` of
-``tests/rw_mock.py`` on 127.0.0.1.
+``testkit/rw_mock.py`` on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -17,12 +17,6 @@ from typing import Any
 
 import pytest
 import yaml
-from rw_mock import FakeTime, MockReceiver, Reply
-
-# Fixtures, asked for by their pytest names: _no_proxies (autouse), receiver, fake_time.
-from rw_mock import fake_time_fixture as fake_time_fixture
-from rw_mock import no_proxies_fixture as no_proxies_fixture
-from rw_mock import receiver_fixture as receiver_fixture
 from test_write import (
     DEFAULT_USER_AGENT,
     actual_series,
@@ -36,6 +30,12 @@ from cloud_ingest import settings as settings_mod
 from cloud_ingest.service import Ingester
 from cloud_ingest.write import PROTOCOL_HEADERS, RemoteWriteClient, check_headers
 from relay_common.config import ConfigError
+from testkit.rw_mock import FakeTime, MockReceiver, Reply
+
+# Fixtures, asked for by their pytest names: _no_proxies (autouse), receiver, fake_time.
+from testkit.rw_mock import fake_time_fixture as fake_time_fixture
+from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture
+from testkit.rw_mock import receiver_fixture as receiver_fixture
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 from array import array
 
-from services import Prometheus
-
 from cloud_ingest.write import RemoteWriteClient
 from relay_common.backoff import Backoff
 from schemas.model import Batch, ScrapeBlock
+from testkit.services import Prometheus
 
 
 def batch(timestamp_ms: int, value: float) -> Batch:

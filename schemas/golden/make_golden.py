@@ -362,7 +362,7 @@ def status_vectors() -> dict[str, tuple[dict[str, Any], str]]:
 
 
 def invalid_vectors() -> dict[str, tuple[bytes, str, str]]:
-    small = codec.encode_batch(batch_small(), LEVEL)
+    small = codec.encode_batch(batch_small(), LEVEL, version=codec.FORMAT_V1)
     one = [["__name__", "up"]]
     sample = {"t": T0, "s": struct.pack("<I", 0), "v": struct.pack("<d", 1.0)}
 
@@ -496,7 +496,7 @@ def vectors() -> dict[str, tuple[bytes, dict[str, Any]]]:
     """Every vector as name -> (wire bytes, JSON view), checked against the decoders."""
     out: dict[str, tuple[bytes, dict[str, Any]]] = {}
     for name, (make, description) in BATCHES.items():
-        data = codec.encode_batch(make(), LEVEL)
+        data = codec.encode_batch(make(), LEVEL, version=codec.FORMAT_V1)
         header, decoded = codec.decode_batch_with_header(data)
         view = {"kind": "batch", "description": description, "encoder": encoder_info()}
         view.update(codec.batch_to_json(header, decoded))

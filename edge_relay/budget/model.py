@@ -1,8 +1,10 @@
 """The bandwidth-budget file: what the uplink may carry, and how each class of metrics may be shaped.
 
 Format and meaning of every key: ``schemas/bandwidth-budget.schema.json`` (and README, "Bandwidth
-budget file reference"). This module only loads and validates the file into the typed objects below;
-the shape stage applies the classes and ``edge_relay.controller`` enforces the uplink figures.
+budget file reference"). This module only loads and validates the file into the typed objects below
+(``UplinkBudget`` is the file's ``uplink`` section, not to be confused with ``edge_relay.uplink.Uplink``,
+the MQTT client); ``edge_relay.budget.shaper`` applies the classes, ``edge_relay.budget.controller``
+and ``edge_relay.budget.pacer`` enforce the uplink figures.
 
 Loading goes through ``relay_common.config`` (YAML, JSON Schema, defaults from the schema); the rules a
 schema cannot express are checked here, and every error names the file, the key path and what was
@@ -108,7 +110,9 @@ class RateWindow:
 
 
 @dataclass(frozen=True, slots=True)
-class Uplink:
+class UplinkBudget:
+    """The budget file's ``uplink`` section: what the broker connection may carry, and when."""
+
     sustained_bytes_per_second: int
     burst_bytes: int
     daily_quota_bytes: int = 0  # 0: no quota
@@ -161,13 +165,13 @@ class Uplink:
 @dataclass(frozen=True, slots=True)
 class Budget:
     source: str  # the file it came from (for messages)
-    uplink: Uplink
+    uplink: UplinkBudget
     classes: tuple[ClassPolicy, ...]  # priority order, most important first; the last matches all
     _cache: dict[Labels, int] = field(default_factory=dict, compare=False, repr=False)
 
     def allowed_bytes_per_second(self, now: float, used_today_bytes: int = 0) -> int:
         """Bytes/s the uplink may use at ``now`` (Unix seconds), given the bytes already used today
-        (the day of ``Uplink.day_bounds``); see ``Uplink.allowed_bytes_per_second``."""
+        (the day of ``UplinkBudget.day_bounds``); see ``UplinkBudget.allowed_bytes_per_second``."""
         return self.uplink.allowed_bytes_per_second(now, used_today_bytes)
 
     def local_time(self, now: float) -> datetime:
@@ -335,7 +339,7 @@ def _minutes(text: str) -> int:
     return int(hours) * 60 + int(minutes)
 
 
-def _uplink(raw: dict[str, Any], source: str) -> Uplink:
+def _uplink(raw: dict[str, Any], source: str) -> UplinkBudget:
     sustained = raw["sustained_bytes_per_second"]
     if "burst_bytes" in raw:
         config_loader.check_range(raw, "uplink", "sustained_bytes_per_second", "burst_bytes", source)
@@ -380,7 +384,7 @@ def _uplink(raw: dict[str, Any], source: str) -> Uplink:
                 days=frozenset(DAYS.index(d) for d in w["days"]),
             )
         )
-    return Uplink(
+    return UplinkBudget(
         sustained_bytes_per_second=sustained,
         burst_bytes=burst,
         daily_quota_bytes=raw["daily_quota_bytes"],

@@ -1,10 +1,12 @@
-"""Real mosquitto / Prometheus / VictoriaMetrics processes on free loopback ports, for integration tests.
+"""Real mosquitto / Prometheus / VictoriaMetrics processes on free loopback ports, for the integration
+tests, the benches and the demo.
 
 Every service runs in its own directory (config, data, ``<name>.log`` with stdout+stderr), in its own
 process group, and listens on 127.0.0.1 only.  ``start()`` waits until the service is really ready
 (the listening socket belongs to *our* process and the readiness probe passes) and raises
-``ServiceError`` with the log tail otherwise.  The fixtures in ``conftest.py`` (via ``ServiceFactory``)
-always reap them; so does atexit, and the kernel if pytest itself is SIGKILLed (see ``_die_with_parent``).
+``ServiceError`` with the log tail otherwise.  The fixtures in ``tests/conftest.py`` (via
+``ServiceFactory``) always reap them; so does atexit, and the kernel if the Python process itself is
+SIGKILLed (see ``die_with_parent``, also used for the benches' other child processes).
 """
 
 from __future__ import annotations
@@ -25,7 +27,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 
-import pytest
 import requests
 
 from schemas.model import STALE_NAN
@@ -132,8 +133,8 @@ class _BindFailed(Exception):
 _SETPRIV = shutil.which("setpriv")  # util-linux, Essential on Debian
 
 
-def _die_with_parent(argv: list[str]) -> list[str]:
-    """Prefix argv so the kernel SIGKILLs the service if this Python process dies.
+def die_with_parent(argv: list[str]) -> list[str]:
+    """Prefix argv so the kernel SIGKILLs the process if this Python process dies (setpriv execs: same pid).
 
     Covers what neither fixtures nor atexit can: pytest being SIGKILLed, or os._exit() from
     pytest-timeout's thread method.  Only from the main thread: PR_SET_PDEATHSIG fires when the
@@ -260,7 +261,7 @@ class ManagedProcess:
             log_offset = log.tell()
             started = time.monotonic()
             self._proc = subprocess.Popen(
-                _die_with_parent(argv),
+                die_with_parent(argv),
                 cwd=self.dir,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -336,6 +337,24 @@ class ManagedProcess:
             return False
 
 
+class HttpService(ManagedProcess):
+    """A ``ManagedProcess`` serving HTTP at ``url``; ready when ``GET <health_path>`` answers 200."""
+
+    health_path: ClassVar[str]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def metrics_url(self) -> str:
+        """Its own metrics, in the Prometheus text format."""
+        return f"{self.url}/metrics"
+
+    def probe(self) -> bool:
+        return self._http_ok(self.health_path)
+
+
 class Mosquitto(ManagedProcess):
     """mosquitto 2.0 broker with anonymous access on 127.0.0.1:``port``.
 
@@ -386,7 +405,7 @@ class Mosquitto(ManagedProcess):
         return [self.binary, "-c", str(self.conf_path)]
 
 
-class Prometheus(ManagedProcess):
+class Prometheus(HttpService):
     """Prometheus 2.4x with the remote-write receiver on, no scrape jobs.
 
     ``ooo_window`` is measured back from the newest sample of *any* series in the head, not per
@@ -397,6 +416,7 @@ class Prometheus(ManagedProcess):
     name = "prometheus"
     default_binary = "/usr/bin/prometheus"
     package = "prometheus"
+    health_path = "/-/ready"
 
     def __init__(
         self,
@@ -410,10 +430,6 @@ class Prometheus(ManagedProcess):
         self.extra_flags = tuple(extra_flags)
         self.config_path = self.dir / "prometheus.yml"
         self.data_dir = self.dir / "data"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     @property
     def remote_write_url(self) -> str:
@@ -434,9 +450,6 @@ class Prometheus(ManagedProcess):
             "--web.enable-remote-write-receiver",
             *self.extra_flags,
         ]
-
-    def probe(self) -> bool:
-        return self._http_ok("/-/ready")
 
     def query(self, promql: str, at: float | None = None) -> dict[str, Any]:
         """``/api/v1/query``; returns the ``data`` member (resultType, result)."""
@@ -471,12 +484,13 @@ class Prometheus(ManagedProcess):
         return out
 
 
-class VictoriaMetrics(ManagedProcess):
+class VictoriaMetrics(HttpService):
     """Single-node VictoriaMetrics 1.7x accepting remote write at ``/api/v1/write``."""
 
     name = "victoria-metrics"
     default_binary = "/usr/bin/victoria-metrics"
     package = "victoria-metrics"
+    health_path = "/health"
 
     def __init__(
         self,
@@ -487,10 +501,6 @@ class VictoriaMetrics(ManagedProcess):
         super().__init__(tmpdir, port)
         self.extra_flags = tuple(extra_flags)
         self.data_dir = self.dir / "data"
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
 
     @property
     def remote_write_url(self) -> str:
@@ -509,9 +519,6 @@ class VictoriaMetrics(ManagedProcess):
             "-search.latencyOffset=0s",
             *self.extra_flags,
         ]
-
-    def probe(self) -> bool:
-        return self._http_ok("/health")
 
     def flush(self) -> None:
         """Make everything written so far visible to searches (VM buffers rows for up to ~1 s).
@@ -565,6 +572,8 @@ class ServiceFactory:
         else:
             self.started.append(service)  # before start(): a half-started process is reaped too
             return service.start()
+        import pytest  # only here: the benches and the demo use this module without pytest
+
         pytest.fail(missing, pytrace=False)  # outside the except: no "during handling of" noise
 
     def stop_all(self) -> None:

@@ -10,7 +10,7 @@ the cost of a batch's label table (plus one value per series); each further samp
 costs ``VALUE_BYTES_PER_SAMPLE``, plus ``VALUE_BYTES_PER_DOUBLING`` for each doubling of the class's
 resolution over the scrape interval (larger deltas). One batch per ``batch_window_seconds`` (or per
 resolution step, when that is longer). A window's batch larger than the relay's cap
-(``Uplink.batch_cap``: the burst less the MQTT framing) is split by series into parts that each repeat
+(``UplinkBudget.batch_cap``: the burst less the MQTT framing) is split by series into parts that each repeat
 the label strings they share; the estimate then scales every label table by what splitting this
 scrape into as many parts costs. MQTT framing, acks and status messages add a few bytes per second and
 are left out.
@@ -30,9 +30,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from edge_relay import budget as budget_mod
 from edge_relay import settings as settings_mod
-from edge_relay.budget import DAYS, Budget
+from edge_relay.budget import model as budget_mod
+from edge_relay.budget.model import DAYS, Budget
 from edge_relay.encode import series_parts
 from edge_relay.parse import ParseError, parse
 from edge_relay.scrape import Scraper

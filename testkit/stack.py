@@ -1,26 +1,27 @@
-"""The product's two programs as real processes, plus the oracle that says what must have arrived.
+"""The product's programs as real processes, and their configuration files.
 
-Used by the end-to-end and fault tests: the simulator runs in-process (its payloads are a pure
-function of the tick, so the oracle can recompute what was served), ``edge-relay run`` and
-``cloud-ingest run`` run as subprocesses exactly as an operator starts them.
+``edge-relay run`` and ``cloud-ingest run`` run as subprocesses exactly as an operator starts them
+(``Program``, ``program``), with configs for loopback services (``relay_config``, ``ingest_config``,
+``write_budget``); ``SimulatorProcess`` is ``edge-relay simulate`` on free ports with an in-process twin
+whose payloads are a pure function of the tick, so ``testkit.oracle`` can recompute what was served.
+Also the relay's own answers about a config (``check_relay_config``, ``relay_schema_defaults``) and its
+loss ledger (``ledger_totals``).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import signal
 import subprocess
 import sys
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
-from services import RawSamples, free_port
+
+from testkit.services import free_port
 
 EXPORTERS = ("kepler", "kepler-0.7", "dcgm", "node")
 
@@ -156,7 +157,7 @@ class SimulatorProcess:
         churn_ticks: int = 30,
         series: int | None = None,
     ) -> None:
-        from edge_relay.simulate import Simulator
+        from simulator import Simulator
 
         self.simulator = Simulator(seed, series, interval, churn_ticks=churn_ticks)
         self.served_log = workdir / "served.jsonl"
@@ -192,94 +193,62 @@ class SimulatorProcess:
                 self.proc.wait(10)
 
 
-# --- the oracle -------------------------------------------------------------------------------
+# --- what the relay says about a config, and its ledger ------------------------------------------
 
 
-def _parse_independently(body: bytes, openmetrics: bool) -> list[tuple[str, dict[str, str], float]]:
-    """Samples of one payload, parsed by prometheus_client (not by the relay's own parser)."""
-    text = body.decode()
-    if openmetrics:
-        assert text.endswith("# EOF\n")
-    # Comment lines go: prometheus_client renames typed counters lacking `_total`, and its strict
-    # OpenMetrics parser refuses client_golang's family-name clashes (go_memstats_alloc_bytes gauge vs.
-    # go_memstats_alloc_bytes_total counter). Without timestamps or exemplars the sample lines of both
-    # formats are plain text-format lines.
-    text = "\n".join(line for line in text.splitlines() if not line.startswith("#")) + "\n"
-    assert " # {" not in text, "exemplars are not expected from the simulator"
-    families = text_string_to_metric_families(text)
-    return [(s.name, dict(s.labels), float(s.value)) for fam in families for s in fam.samples]
+def relay_schema_defaults(section: str) -> dict[str, Any]:
+    """The product defaults of one section of the relay's config (``schemas/edge-relay-config``)."""
+    from relay_common.config import load_schema
+
+    props = load_schema("edge-relay-config.schema.json")["properties"][section]["properties"]
+    return {key: prop["default"] for key, prop in props.items() if "default" in prop}
 
 
-@dataclass(frozen=True)
-class Served:
-    exporter: str
-    tick: int
-    t_ms: int
-    openmetrics: bool
+def check_relay_config(path: Path) -> str | None:
+    """``edge-relay check-config``: None if the relay accepts the file, else its error message (one
+    problem a line)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "edge_relay.cli", "check-config", "--config", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if proc.returncode == 0:
+        return None
+    lines = [line.strip() for line in (proc.stderr or proc.stdout).splitlines() if line.strip()]
+    return "\n".join(lines) or f"exit status {proc.returncode}"
 
 
-def read_served_log(path: Path) -> list[Served]:
-    out = []
-    for line in path.read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("status", 200) == 200:
-            out.append(Served(rec["exporter"], rec["tick"], rec["t_ms"], bool(rec.get("openmetrics"))))
-    return out
-
-
-def expected_samples(
-    sim: Any,
-    served: list[Served],
+def write_budget(
+    path: Path,
     *,
-    jobs: dict[str, str],
-    instances: dict[str, str],
-    extra: dict[str, str],
-) -> dict[frozenset[tuple[str, str]], list[tuple[int, float]]]:
-    """labelset -> [(served time ms, value)] for every sample the simulator served."""
-    out: dict[frozenset[tuple[str, str]], list[tuple[int, float]]] = defaultdict(list)
-    for rec in served:
-        body = sim.render(rec.exporter, rec.tick, openmetrics=rec.openmetrics)
-        for name, labels, value in _parse_independently(body, rec.openmetrics):
-            full = {k: v for k, v in labels.items() if v != ""}
-            for k in ("job", "instance"):
-                if k in full:
-                    full[f"exported_{k}"] = full[k]
-            full.update({"__name__": name, "job": jobs[rec.exporter], "instance": instances[rec.exporter]})
-            for k, v in extra.items():
-                full.setdefault(k, v)
-            out[frozenset(full.items())].append((rec.t_ms, value))
-    return out
+    bytes_per_second: int,
+    burst_bytes: int | None,
+    batch_window_seconds: float,
+    classes: list[dict[str, Any]],
+) -> Path:
+    """A relay bandwidth-budget file (``budget_file``, ``schemas/bandwidth-budget.schema.json``
+    version 1): the uplink's figures (``burst_bytes`` None: the file's default) and the classes."""
+    uplink: dict[str, Any] = {"sustained_bytes_per_second": bytes_per_second}
+    if burst_bytes is not None:
+        uplink["burst_bytes"] = burst_bytes
+    uplink["batch_window_seconds"] = batch_window_seconds
+    return write_yaml(path, {"version": 1, "uplink": uplink, "classes": classes})
 
 
-def same_value(a: float, b: float, rel_tol: float = 0.0) -> bool:
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return a == b or (rel_tol > 0 and math.isclose(a, b, rel_tol=rel_tol))
-
-
-def compare(
-    expected: dict[frozenset[tuple[str, str]], list[tuple[int, float]]],
-    actual: RawSamples,
-    *,
-    max_skew_ms: int = 1000,
-    rel_tol: float = 0.0,
-) -> list[str]:
-    """Every expected sample must be in ``actual`` with its exact value, at the relay's scrape time
-    (at most ``max_skew_ms`` before the simulator served it), and nothing else may be there."""
-    problems: list[str] = []
-    for key in sorted(set(expected) | set(actual), key=sorted):
-        want, got = expected.get(key, []), actual.get(key, [])
-        name = dict(key).get("__name__")
-        if len(want) != len(got):
-            problems.append(f"{name} {dict(key)}: expected {len(want)} samples, got {len(got)}")
-            continue
-        for (t_served, v_want), (t_got, v_got) in zip(want, got, strict=True):
-            if not same_value(v_want, v_got, rel_tol):
-                problems.append(f"{name} at {t_got}: expected value {v_want!r}, got {v_got!r}")
-            if not (t_served - max_skew_ms <= t_got <= t_served):
-                problems.append(
-                    f"{name}: sample at {t_got} ms does not belong to the scrape served at {t_served} ms"
-                )
-        if len(problems) > 20:
-            break
-    return problems
+def ledger_totals(relay_cfg: Path) -> dict[str, int]:
+    """``edge-relay ledger --config``: the persistent loss ledger's totals, by reason."""
+    out = subprocess.run(
+        [sys.executable, "-m", "edge_relay.cli", "ledger", "--config", str(relay_cfg), "--limit", "1"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    ).stdout
+    totals: dict[str, int] = {}
+    for line in out.splitlines():
+        if line.startswith("totals: "):
+            for item in line.removeprefix("totals: ").split(", "):
+                reason, _, n = item.partition("=")
+                totals[reason] = int(n)
+    return totals

@@ -2,10 +2,11 @@
 
 Two mechanisms, one hard and one adaptive:
 
-- **Pacing (hard).** The uplink publishes through a token bucket of the budget's current rate and burst,
-  charged with the bytes the kernel counted on the broker connection (both directions: batches, MQTT
-  framing, acks, status messages, retransmissions, TLS). Over any period T the connection carries at most
-  ``burst + rate x T`` plus one batch. Data the budget cannot carry yet waits in the spool: late, not lost.
+- **Pacing (hard).** The uplink publishes through the pacer (``edge_relay.budget.pacer``), a token
+  bucket of the rate and burst this controller sets every cycle, charged with the bytes the kernel
+  counted on the broker connection (both directions: batches, MQTT framing, acks, status messages,
+  retransmissions, TLS). Over any period T the connection carries at most ``burst + rate x T`` plus one
+  batch. Data the budget cannot carry yet waits in the spool: late, not lost.
 - **Degrading (adaptive).** Every cycle the controller compares the *demand* (bytes/s of new batches in
   the spool over the last two batch windows, times the measured wire/payload overhead) with the allowed
   rate. Above 90%, or with a backlog that keeps growing, it doubles the resolution of the lowest-priority
@@ -19,6 +20,9 @@ Two mechanisms, one hard and one adaptive:
 The allowed rate is the budget's rate for the time window in force, lowered by a daily quota to what is
 left of it spread over the rest of the day. Quota use is the connection's bytes since local midnight of
 the budget's timezone, kept in the spool's meta table so a restart does not reset it.
+
+From the pacer the controller reads ``wire_total`` (quota use, wire rate) and
+``published_payload_bytes`` (the wire/payload overhead), and it calls ``configure(rate, burst)``.
 """
 
 from __future__ import annotations
@@ -29,14 +33,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from edge_relay.budget import Budget
+from edge_relay.budget.model import Budget
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.spool import Spool
+from edge_relay.spool import MetaTable
 
 if TYPE_CHECKING:
-    from edge_relay.shape import BudgetShaper
+    from edge_relay.budget.pacer import Pacer
+    from edge_relay.budget.shaper import BudgetShaper
 
-log = logging.getLogger("edge_relay.controller")
+log = logging.getLogger("edge_relay.budget.controller")
 
 DEGRADE_ABOVE = 0.9
 RESTORE_BELOW = 0.6
@@ -52,32 +57,31 @@ class Controller:
         self,
         budget: Budget,
         shaper: BudgetShaper,
-        spool: Spool,
+        meta: MetaTable,
         metrics: RelayMetrics,
         *,
         interval_s: float,
-        wire_total: Callable[[], int],
-        set_pacing: Callable[[float | None, float], None],
+        pacer: Pacer,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.shaper = shaper
-        self.spool = spool
+        self.meta = meta
         self.metrics = metrics
         self.interval_s = interval_s
-        self.wire_total = wire_total
-        self.set_pacing = set_pacing
+        self.pacer = pacer
         self.clock = clock
         self.budget = budget
         now = clock()
         self._day = self._day_of(now)
-        stored_day = spool.get_meta("budget_day", -1)
-        self.used_today = spool.get_meta("budget_used_bytes", 0) if stored_day == self._day else 0
-        self._last_wire = wire_total()
+        stored_day = meta.get("budget_day", -1)
+        self.used_today = meta.get("budget_used_bytes", 0) if stored_day == self._day else 0
+        self._last_wire = pacer.wire_total
         self._saved_at = -QUOTA_SAVE_EVERY_S
         self._produced: deque[tuple[float, int]] = deque([(now, 0)])
         self._produced_total = 0
-        self._payload_wire: deque[tuple[float, int, int]] = deque([(now, self._last_wire, 0)])
-        self._published_payload = 0
+        self._payload_wire: deque[tuple[float, int, int]] = deque(
+            [(now, self._last_wire, pacer.published_payload_bytes)]
+        )
         self._last_step = now
         self._out_at_step: list[int] = []
         self._last_backlog = 0
@@ -96,10 +100,6 @@ class Controller:
     def produced(self, nbytes: int) -> None:
         """Encoded bytes of batches just added to the spool."""
         self._produced_total += nbytes
-
-    def published(self, payload_bytes: int) -> None:
-        """Payload bytes the uplink has published in total (for the wire/payload overhead)."""
-        self._published_payload = payload_bytes
 
     # --- the loop -----------------------------------------------------------------------------
 
@@ -123,7 +123,8 @@ class Controller:
     def tick(self, backlog_bytes: int) -> None:
         """Once per cycle, after the cycle's batches are spooled."""
         now = self.clock()
-        wire = self.wire_total()
+        published = self.pacer.published_payload_bytes
+        wire = self.pacer.wire_total
         day = self._day_of(now)
         if day != self._day:
             self._day, self.used_today = day, 0
@@ -132,7 +133,7 @@ class Controller:
         quota = self.budget.uplink.daily_quota_bytes
         # A write (and fsync) per minute at most: a restart may forget under a minute of use.
         if quota and (now - self._saved_at >= QUOTA_SAVE_EVERY_S or self.used_today >= quota):
-            self.spool.set_meta({"budget_day": self._day, "budget_used_bytes": self.used_today})
+            self.meta.set({"budget_day": self._day, "budget_used_bytes": self.used_today})
             self._saved_at = now
 
         self.rate = self.allowed_rate(now)
@@ -140,16 +141,16 @@ class Controller:
         burst = float(up.burst_bytes)
         if up.daily_quota_bytes:
             burst = min(burst, max(0.0, float(up.daily_quota_bytes - self.used_today)))
-        self.set_pacing(self.rate, burst)
+        self.pacer.configure(self.rate, burst)
 
         produced = self._rate_over(self._produced, now, self._produced_total)
-        self._payload_wire.append((now, wire, self._published_payload))
+        self._payload_wire.append((now, wire, published))
         horizon = now - 2 * self._window_s() - self.interval_s
         while len(self._payload_wire) > 2 and self._payload_wire[1][0] <= horizon:
             self._payload_wire.popleft()
         t0, w0, p0 = self._payload_wire[0]
         self.wire_rate = (wire - w0) / (now - t0) if now > t0 else 0.0
-        payload = self._published_payload - p0
+        payload = published - p0
         overhead = (wire - w0) / payload if payload > 4096 else DEFAULT_OVERHEAD
         self.demand = produced * max(1.0, min(overhead, 3.0))
 

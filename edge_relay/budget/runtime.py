@@ -1,0 +1,135 @@
+"""The budget in force on a running relay: its file, shaper and controller, built once and reloaded.
+
+``BudgetRuntime`` is what the relay loop holds when a budget file is configured. It loads the file,
+builds the shaper and the controller on the shared pacer, fits the encoder's batch cap to the burst,
+re-reads the file when it changes (a file that no longer loads keeps the previous budget: logged, and
+counted in ``edge_relay_budget_reloads_total{result="failed"}``), shapes each cycle, and turns the
+shaper's running totals into self-metrics. Without a budget file the relay has no runtime at all.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from edge_relay.budget.controller import Controller
+from edge_relay.budget.model import ConfigError, load
+from edge_relay.budget.pacer import Pacer
+from edge_relay.budget.shaper import BudgetShaper
+from edge_relay.encode import BatchEncoder
+from edge_relay.selfmetrics import RelayMetrics
+from edge_relay.shape import ShapedScrape
+from edge_relay.spool import MetaTable
+
+log = logging.getLogger("edge_relay.budget")
+
+_OUTCOMES = (("sent", "samples_out"), ("suppressed", "suppressed"), ("merged", "merged"))
+
+
+class BudgetRuntime:
+    def __init__(
+        self,
+        path: str,
+        *,
+        interval_s: float,
+        batch_max_bytes: int,
+        encoder: BatchEncoder,
+        pacer: Pacer,
+        meta: MetaTable,
+        metrics: RelayMetrics,
+    ) -> None:
+        self.path = path
+        self._interval_s = interval_s
+        self._batch_max_bytes = batch_max_bytes
+        self._encoder = encoder
+        self._metrics = metrics
+        self._stamp = self._file_stamp()
+        self.budget = load(path)
+        self.shaper = BudgetShaper(self.budget, interval_s)
+        self.controller = Controller(
+            self.budget, self.shaper, meta, metrics, interval_s=interval_s, pacer=pacer
+        )
+        self._fit_batches_to_burst()
+        pacer.configure(self.controller.allowed_rate(time.time()), self.budget.uplink.burst_bytes)
+        self._shaped_seen: dict[tuple[str, str], int] = {}
+        self._paced_seen = 0.0
+        self._pacer = pacer
+
+    @property
+    def window_ms(self) -> int:
+        return int(self.budget.uplink.batch_window_seconds * 1000)
+
+    @property
+    def windowed(self) -> bool:
+        """Cycles are collected into batch windows (a window longer than one interval)."""
+        return self.window_ms > self._interval_s * 1000
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def _fit_batches_to_burst(self) -> None:
+        self._encoder.max_bytes = self.budget.uplink.batch_cap(self._batch_max_bytes)
+        for warning in self.budget.warnings(self._batch_max_bytes):
+            log.warning("%s", warning)
+
+    def maybe_reload(self) -> None:
+        stamp = self._file_stamp()
+        if stamp is None or stamp == self._stamp:
+            return
+        self._stamp = stamp
+        try:
+            budget = load(self.path)
+        except (ConfigError, OSError) as e:
+            self._metrics.budget_reloads.labels("failed").inc()
+            log.error("budget file changed but cannot be used; keeping the previous budget: %s", e)
+            return
+        self.budget = budget
+        self._fit_batches_to_burst()
+        self.shaper.set_budget(budget)
+        self.controller.set_budget(budget)
+        self._metrics.budget_reloads.labels("ok").inc()
+        log.info("budget file %s reloaded: %d class(es)", self.path, len(budget.classes))
+
+    def shape(self, shaped: list[ShapedScrape], now_ms: int) -> list[ShapedScrape]:
+        """A cycle's scrapes through the budget's classes, plus what aggregation windows closed."""
+        self.maybe_reload()
+        out = [self.shaper.shape(x) for x in shaped]
+        closed = self.shaper.flush(now_ms)
+        if closed is not None:
+            out.append(closed)
+        self._count_shaping()
+        return out
+
+    def flush_all(self) -> ShapedScrape | None:
+        """Every open aggregation window, closed now (on a clean stop)."""
+        return self.shaper.flush(2**62)
+
+    def produced(self, nbytes: int) -> None:
+        """Encoded bytes just added to the spool: the demand the controller weighs."""
+        self.controller.produced(nbytes)
+
+    def tick(self, backlog_bytes: int) -> None:
+        """Once per cycle, after the cycle is spooled."""
+        self.controller.tick(backlog_bytes)
+        paced = self._pacer.paced_seconds
+        self._metrics.budget_paced.inc(max(0.0, paced - self._paced_seen))
+        self._paced_seen = paced
+
+    def _count_shaping(self) -> None:
+        for i, c in enumerate(self.budget.classes):
+            st = self.shaper.stats[i]
+            for outcome, attr in (*_OUTCOMES, ("rounded", "precision_rounded")):
+                key = (c.name, outcome)
+                total = getattr(st, attr)
+                delta = total - self._shaped_seen.get(key, 0)
+                if delta > 0:
+                    if outcome == "rounded":
+                        self._metrics.budget_rounded.labels(c.name).inc(delta)
+                    else:
+                        self._metrics.budget_samples.labels(c.name, outcome).inc(delta)
+                self._shaped_seen[key] = total

@@ -1,0 +1,138 @@
+"""What the uplink sends next, given what is in flight: the one place that knows ``mqtt.order``.
+
+The uplink sees the spool only through ``SendQueue``: ``next_rows`` (ordering policy), ``sent``,
+``acked`` and ``set_aside``. ``InFlight`` is the set of batches published and not yet acknowledged; the
+uplink thread writes it, and retention reads its snapshot (``seqs``) from the scrape loop so that it never
+degrades or evicts a batch whose ack may be on its way. Both are built before the uplink and retention,
+and handed to each: no part reaches into another that does not exist yet.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+from edge_relay.ledger import LossReason
+from edge_relay.spool.batches import BatchTable, Order
+from edge_relay.spool.schema import SpoolRow
+
+
+class InFlight:
+    """Seqs published and not yet acked, with the (monotonic) time of their last publication."""
+
+    def __init__(self) -> None:
+        self._sent_at: dict[int, float] = {}
+        self._snapshot: frozenset[int] = frozenset()
+        self._lock = threading.Lock()
+
+    def _changed(self) -> None:
+        self._snapshot = frozenset(self._sent_at)
+
+    def add(self, seq: int, at: float) -> None:
+        with self._lock:
+            self._sent_at[seq] = at
+            self._changed()
+
+    def pop(self, seq: int) -> float | None:
+        """Forget ``seq``; returns when it was published, or None if it was not in flight."""
+        with self._lock:
+            at = self._sent_at.pop(seq, None)
+            if at is not None:
+                self._changed()
+            return at
+
+    def discard(self, seqs: Iterable[int]) -> None:
+        with self._lock:
+            for seq in seqs:
+                self._sent_at.pop(seq, None)
+            self._changed()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._sent_at.clear()
+            self._changed()
+
+    def expire(self, timeout_s: float, now: float) -> list[int]:
+        """Forget (and return) the seqs published more than ``timeout_s`` ago: they go out again."""
+        with self._lock:
+            old = [s for s, t in self._sent_at.items() if now - t > timeout_s]
+            for seq in old:
+                del self._sent_at[seq]
+            if old:
+                self._changed()
+            return old
+
+    @property
+    def seqs(self) -> frozenset[int]:
+        """A snapshot, safe to read from any thread."""
+        return self._snapshot
+
+    def __len__(self) -> int:
+        return len(self._snapshot)
+
+    def __bool__(self) -> bool:
+        return bool(self._snapshot)
+
+
+class SendQueue:
+    """The spool as the uplink sees it.
+
+    ``order="strict"``: one batch at a time, oldest data first, so even a receiver without an
+    out-of-order window sees every series in time order (at the price of one round trip per batch).
+    ``order="live_first"``: the newest batch, when it is fresh (created within two intervals and never
+    sent), goes first, so dashboards are current as soon as the link is back; the backlog drains
+    oldest-first in the rest of the window (a live batch that finds the window full goes first once an
+    ack frees a slot).
+    """
+
+    def __init__(
+        self,
+        batches: BatchTable,
+        *,
+        order: str,
+        inflight_limit: int,
+        live_window_s: float,
+        clock_s: Callable[[], float] = time.time,
+    ) -> None:
+        if order not in ("strict", "live_first"):
+            raise ValueError(f"order must be 'strict' or 'live_first', not {order!r}")
+        self._batches = batches
+        self.order = order
+        self.inflight_limit = inflight_limit
+        self.live_window_s = live_window_s
+        self._clock_s = clock_s
+
+    def next_rows(self, inflight: InFlight) -> list[SpoolRow]:
+        """The rows to publish now, in the order to publish them."""
+        busy = inflight.seqs
+        if self.order == "strict":
+            return [] if busy else self._batches.pending(1, order=Order.OLDEST_DATA)
+        room = self.inflight_limit - len(busy)
+        if room <= 0:
+            return []
+        fresh_after_ms = int(self._clock_s() * 1000) - int(2 * self.live_window_s * 1000)
+        live = [
+            r
+            for r in self._batches.pending(min(room, 2), exclude=busy, order=Order.NEWEST)
+            if r.attempts == 0 and r.created_ms >= fresh_after_ms
+        ]
+        backlog_room = room - len(live)
+        if backlog_room <= 0:
+            return live
+        taken = busy.union(r.seq for r in live)
+        return live + self._batches.pending(backlog_room, exclude=taken, order=Order.OLDEST_DATA)
+
+    def sent(self, seqs: Iterable[int], now_ms: int) -> None:
+        self._batches.mark_sent(seqs, now_ms)
+
+    def acked(self, seqs: Iterable[int]) -> int:
+        """The cloud has the batches (or refused them for good): delete them."""
+        return self._batches.ack(seqs)
+
+    def set_aside(self, seq: int, reason: str, ledger_reason: LossReason) -> None:
+        """A batch that can never be sent (e.g. above the broker's packet size) leaves the queue."""
+        self._batches.quarantine(seq, reason, ledger_reason=ledger_reason)
+
+    def empty(self) -> bool:
+        return self._batches.count() == 0

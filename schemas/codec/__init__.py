@@ -1,0 +1,115 @@
+"""Wire codec shared by the edge relay (encoder) and the cloud ingester (decoder).
+
+The prose specification is ``schemas/wire-format.md``; golden vectors live in ``schemas/golden/``.
+Import from ``schemas.codec`` itself; its modules are layers, each importing only the ones above it
+in this list:
+
+- ``limits``: the caps (``Limits``), ``Header``, the errors and their reasons, and the checks of
+  label sets, names, seqs and sample columns that encoder and decoders share.
+- ``compression``: zstd for the bodies (cached compressors, a bounded decompressor).
+- ``v1``: body v1, "msgpack+zstd": zstd(msgpack({"labelsets": [...], "scrapes": [...]})) with
+  sample columns as raw little-endian bytes, so every float64 bit pattern survives unchanged.
+- ``v2``: body v2, "columnar+zstd": 15 separately compressed streams (timestamp table, series
+  groups, dictionary-coded labels, delta/XOR values); transforms in ``schemas/columnar.py``.
+- ``envelope``: ``b"ERB"`` + format-version byte + msgpack header map; ``encode_batch``,
+  ``with_seq``, the decoders' dispatch on the version byte, and the JSON view of a batch.
+- ``control``: ack (cloud -> edge) and status (edge -> cloud) messages, versioned JSON.
+
+Encode: ``validate_batch`` -> the version's ``encode_body`` -> envelope header around the body.
+Decode: envelope (size, magic, version byte, header) -> the version's ``decode_body`` -> ``Batch``.
+``encode_batch`` writes ``CURRENT_FORMAT_VERSION`` (v2) unless given ``version=FORMAT_V1``; both
+versions stay decodable.
+
+The decoders treat their input as hostile: every size is capped before it is allocated, every field
+is type-checked, and any bad input raises :class:`DecodeError` (never another exception type;
+``MemoryError`` is deliberately not swallowed since it says nothing about the input).
+"""
+
+from __future__ import annotations
+
+from schemas.codec.compression import DEFAULT_ZSTD_LEVEL
+from schemas.codec.control import (
+    ACK_VERSION,
+    MAX_REASON_CHARS,
+    STATUS_NUMERIC_FIELDS,
+    STATUS_STATES,
+    STATUS_VERSION,
+    Ack,
+    AckResult,
+    AckResultKind,
+    StatusState,
+    decode_ack,
+    decode_status,
+    encode_ack,
+    encode_status,
+)
+from schemas.codec.envelope import (
+    CURRENT_FORMAT_VERSION,
+    MAGIC,
+    batch_to_json,
+    decode_batch,
+    decode_batch_with_header,
+    encode_batch,
+    float_repr,
+    peek_header,
+    with_seq,
+)
+
+# Private helpers the tests and schemas/golden/make_golden.py use to look inside an envelope.
+from schemas.codec.envelope import _decode_envelope_v1 as _decode_envelope_v1
+from schemas.codec.envelope import _decode_envelope_v2 as _decode_envelope_v2
+from schemas.codec.limits import (
+    DEFAULT_LIMITS,
+    INT64_MAX,
+    REASONS,
+    DecodeError,
+    EncodeError,
+    Header,
+    Limits,
+    WireError,
+    validate_batch,
+)
+from schemas.codec.v1 import CODEC_V1, FORMAT_V1
+from schemas.codec.v2 import CODEC_V2, FORMAT_V2, V2_STREAMS
+from schemas.codec.v2 import _pack_streams as _pack_streams
+from schemas.codec.v2 import _v2_streams as _v2_streams
+
+__all__ = [
+    "ACK_VERSION",
+    "CODEC_V1",
+    "CODEC_V2",
+    "CURRENT_FORMAT_VERSION",
+    "DEFAULT_LIMITS",
+    "DEFAULT_ZSTD_LEVEL",
+    "FORMAT_V1",
+    "FORMAT_V2",
+    "INT64_MAX",
+    "MAGIC",
+    "MAX_REASON_CHARS",
+    "REASONS",
+    "STATUS_NUMERIC_FIELDS",
+    "STATUS_STATES",
+    "STATUS_VERSION",
+    "V2_STREAMS",
+    "Ack",
+    "AckResult",
+    "AckResultKind",
+    "DecodeError",
+    "EncodeError",
+    "Header",
+    "Limits",
+    "StatusState",
+    "WireError",
+    "batch_to_json",
+    "decode_ack",
+    "decode_batch",
+    "decode_batch_with_header",
+    "decode_status",
+    "encode_ack",
+    "encode_batch",
+    "encode_status",
+    "float_repr",
+    "peek_header",
+    "validate_batch",
+    "with_seq",
+]

@@ -1,0 +1,270 @@
+"""Control messages: acks (cloud -> edge) and status (edge -> cloud), compact versioned JSON.
+
+They share only the checks and errors of ``limits`` with the batch path, and version on their own
+(``v`` field), independently of the envelope's format version.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Final, Literal, NamedTuple, NoReturn
+
+from schemas.codec.limits import (
+    DEFAULT_LIMITS,
+    INT64_MAX,
+    EncodeError,
+    Limits,
+    _check_header_names,
+    _check_name,
+    _check_seq,
+    _check_timestamp,
+    _fail,
+    _Invalid,
+    _is_int,
+    _run,
+    _strict_map,
+)
+
+ACK_VERSION: Final = 1
+STATUS_VERSION: Final = 1
+
+AckResultKind = Literal["ok", "rejected"]
+MAX_REASON_CHARS: Final = 256
+
+
+class AckResult(NamedTuple):
+    seq: int
+    result: AckResultKind
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    node: str
+    results: list[AckResult]
+    v: int = ACK_VERSION
+
+
+def _json_dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"JSON constant {name} is not allowed")
+
+
+def _json_loads(data: bytes, max_bytes: int, what: str) -> dict[str, Any]:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        _fail("malformed", f"expected bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > max_bytes:
+        _fail("oversized", f"{what} of {len(data)} bytes > {max_bytes}")
+    try:
+        text = data.decode("utf-8")
+        obj = json.loads(text, object_pairs_hook=_strict_map, parse_constant=_reject_constant)
+    except (ValueError, RecursionError) as exc:
+        _fail("malformed", f"{what} is not valid JSON: {str(exc)[:120]}")
+    if type(obj) is not dict:
+        _fail("malformed", f"{what} is not a JSON object")
+    return obj
+
+
+def _check_version(obj: dict[str, Any], expected: int, what: str) -> None:
+    if "v" not in obj or not _is_int(obj["v"]):
+        _fail("malformed", f"{what} lacks an integer v")
+    if obj["v"] != expected:
+        _fail("unknown_version", f"{what} version {obj['v']}")
+
+
+def _check_reason(reason: object) -> str:
+    if type(reason) is not str or not reason or len(reason) > MAX_REASON_CHARS:
+        _fail("malformed", f"a reject reason must be a string of 1..{MAX_REASON_CHARS} chars")
+    return reason
+
+
+def _ack_wire(node: str, results: Iterable[AckResult], limits: Limits) -> dict[str, Any]:
+    _check_name("node", node)
+    by_seq: dict[int, AckResult] = {}
+    for item in results:
+        seq, result, reason = item
+        _check_seq(seq)
+        if result == "ok":
+            if reason is not None:
+                _fail("malformed", f"seq {seq}: an ok result carries no reason")
+        elif result == "rejected":
+            _check_reason(reason)
+        else:
+            _fail("malformed", f"seq {seq}: result {result!r} is neither ok nor rejected")
+        norm = AckResult(seq, result, reason)
+        if by_seq.setdefault(seq, norm) != norm:
+            _fail("malformed", f"seq {seq} has two different results")
+    if len(by_seq) > limits.max_ack_results:
+        _fail("oversized", f"{len(by_seq)} ack results > {limits.max_ack_results}")
+    ok: list[int | list[int]] = []
+    rejected: list[list[int | str]] = []
+    # Runs of consecutive acked seqs become [first, last] ranges: a drained backlog acks in one line.
+    run_start = run_end = -1
+    for seq in sorted(by_seq):
+        res = by_seq[seq]
+        if res.result == "rejected":
+            assert res.reason is not None
+            rejected.append([seq, res.reason])
+            continue
+        if seq == run_end + 1:
+            run_end = seq
+            continue
+        if run_start >= 0:
+            ok.append(run_start if run_start == run_end else [run_start, run_end])
+        run_start = run_end = seq
+    if run_start >= 0:
+        ok.append(run_start if run_start == run_end else [run_start, run_end])
+    wire: dict[str, Any] = {"v": ACK_VERSION, "node": node}
+    if ok:
+        wire["ok"] = ok
+    if rejected:
+        wire["rejected"] = rejected
+    return wire
+
+
+def encode_ack(node: str, results: Iterable[AckResult], limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """``{"v":1,"node":..,"ok":[seq | [first,last], ..],"rejected":[[seq,reason], ..]}``."""
+    try:
+        out = _json_dumps(_ack_wire(node, results, limits))
+    except _Invalid as exc:
+        raise EncodeError(exc.reason, exc.message) from None
+    except (TypeError, ValueError) as exc:
+        raise EncodeError("malformed", str(exc)) from None
+    if len(out) > limits.max_ack_bytes:
+        raise EncodeError("oversized", f"ack of {len(out)} bytes; split it")
+    return out
+
+
+def _decode_ack(data: bytes, limits: Limits) -> Ack:
+    obj = _json_loads(data, limits.max_ack_bytes, "ack")
+    _check_version(obj, ACK_VERSION, "ack")
+    if not obj.keys() <= {"v", "node", "ok", "rejected"} or "node" not in obj:
+        _fail("malformed", f"ack keys {sorted(obj)}: need v, node and optional ok, rejected")
+    node = obj["node"]
+    _check_name("node", node)
+    ok, rejected = obj.get("ok", []), obj.get("rejected", [])
+    if type(ok) is not list or type(rejected) is not list:
+        _fail("malformed", "ok and rejected must be arrays")
+    results: dict[int, AckResult] = {}
+    budget = limits.max_ack_results
+
+    def add(item: AckResult) -> None:
+        if item.seq in results:
+            _fail("malformed", f"seq {item.seq} acked twice")
+        if len(results) >= budget:
+            _fail("oversized", f"more than {budget} ack results")
+        results[item.seq] = item
+
+    for entry in ok:
+        if _is_int(entry):
+            add(AckResult(_check_seq(entry), "ok"))
+            continue
+        if type(entry) is not list or len(entry) != 2:
+            _fail("malformed", "an ok entry is a seq or a [first, last] range")
+        first, last = _check_seq(entry[0]), _check_seq(entry[1])
+        if first > last:
+            _fail("malformed", f"range [{first}, {last}] is reversed")
+        # Check the size before expanding so a huge range costs nothing.
+        if last - first + 1 > budget - len(results):
+            _fail("oversized", f"more than {budget} ack results")
+        for seq in range(first, last + 1):
+            add(AckResult(seq, "ok"))
+    for entry in rejected:
+        if type(entry) is not list or len(entry) != 2:
+            _fail("malformed", "a rejected entry is [seq, reason]")
+        add(AckResult(_check_seq(entry[0]), "rejected", _check_reason(entry[1])))
+    return Ack(node, [results[seq] for seq in sorted(results)])
+
+
+def decode_ack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Ack:
+    """Decode an ack; results come back sorted by seq, each seq once."""
+    ack: Ack = _run(lambda: _decode_ack(data, limits))
+    return ack
+
+
+StatusState = Literal["online", "offline"]
+STATUS_STATES: Final = frozenset({"online", "offline"})
+_STATUS_REQUIRED: Final = ("v", "node", "cluster", "state", "ts_ms")
+# Optional fields with a defined meaning; each is a non-negative number or null ("none", "unknown").
+STATUS_NUMERIC_FIELDS: Final = frozenset(
+    {
+        "spool_rows",
+        "spool_bytes",
+        "spool_samples",
+        "oldest_unsent_ms",
+        "evicted_rows",
+        "quarantined_rows",
+        "inflight",
+        "series",
+        "budget_bytes_per_s",
+        "wire_bytes_per_s",
+        "degrade_level",
+        "uptime_s",
+    }
+)
+_STATUS_KEY_RE: Final = re.compile(r"[a-z][a-z0-9_]{0,63}")
+_STATUS_MAX_KEYS: Final = 64
+_STATUS_MAX_STR: Final = 256
+
+
+def _check_status(status: object) -> dict[str, Any]:
+    if type(status) is not dict:
+        _fail("malformed", "status must be an object")
+    missing = [key for key in _STATUS_REQUIRED if key not in status]
+    if missing:
+        _fail("malformed", f"status lacks {', '.join(missing)}")
+    _check_version(status, STATUS_VERSION, "status")
+    _check_header_names(status["cluster"], status["node"])
+    if type(status["state"]) is not str or status["state"] not in STATUS_STATES:
+        _fail("malformed", f"state must be one of {sorted(STATUS_STATES)}")
+    _check_timestamp(status["ts_ms"], "ts_ms")
+    if len(status) > _STATUS_MAX_KEYS:
+        _fail("malformed", f"more than {_STATUS_MAX_KEYS} status fields")
+    for key, value in status.items():
+        if key in _STATUS_REQUIRED:
+            continue
+        if type(key) is not str or not _STATUS_KEY_RE.fullmatch(key):
+            _fail("malformed", f"status key {key!r} must match [a-z][a-z0-9_]{{0,63}}")
+        # Numbers must fit an int64 / finite float64 so any JSON consumer reads them exactly.
+        numeric = (type(value) is float and math.isfinite(value)) or (
+            _is_int(value) and -INT64_MAX - 1 <= value <= INT64_MAX
+        )
+        if key in STATUS_NUMERIC_FIELDS:
+            if value is not None and (not numeric or value < 0):
+                _fail("malformed", f"status field {key} must be a non-negative number")
+        elif not (value is None or type(value) is bool or type(value) is str or numeric):
+            # Flat scalars only: status is a dashboard line, not a document.
+            _fail("malformed", f"status field {key} must be a finite number, string, bool or null")
+        elif type(value) is str and len(value) > _STATUS_MAX_STR:
+            _fail("malformed", f"status field {key} is longer than {_STATUS_MAX_STR} chars")
+    return status
+
+
+def encode_status(status: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> bytes:
+    """Encode a status dict (``v`` defaults to the current version); keys in a fixed order."""
+    full = {"v": STATUS_VERSION, **status}
+    try:
+        _check_status(full)
+        ordered = {key: full[key] for key in _STATUS_REQUIRED}
+        ordered.update(sorted((k, v) for k, v in full.items() if k not in ordered))
+        out = _json_dumps(ordered)
+    except _Invalid as exc:
+        raise EncodeError(exc.reason, exc.message) from None
+    except (TypeError, ValueError) as exc:
+        raise EncodeError("malformed", str(exc)) from None
+    if len(out) > limits.max_status_bytes:
+        raise EncodeError("oversized", f"status of {len(out)} bytes > {limits.max_status_bytes}")
+    return out
+
+
+def decode_status(data: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+    status: dict[str, Any] = _run(lambda: _check_status(_json_loads(data, limits.max_status_bytes, "status")))
+    return status

@@ -1,0 +1,179 @@
+"""Body of wire format version 1, "msgpack+zstd".
+
+One zstd frame of msgpack({"labelsets": [...], "scrapes": [...]}), sample columns as raw
+little-endian bytes so every float64 bit pattern (the Prometheus stale marker in particular) survives
+unchanged.  ``encode_body`` and ``decode_body`` are what ``envelope`` dispatches to for version 1.
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Any, Final
+
+import msgpack
+
+from schemas.codec.compression import _bounded_decompress, _compressor
+from schemas.codec.limits import (
+    _U32,
+    Header,
+    Limits,
+    _check_block_columns,
+    _check_timestamp,
+    _column_from_bytes,
+    _column_to_bytes,
+    _fail,
+    _LabelChecker,
+    _msgpack_error,
+    _strict_map,
+)
+from schemas.model import Batch, Labels, ScrapeBlock
+
+FORMAT_V1: Final = 1
+CODEC_V1: Final = "msgpack+zstd"
+_BODY_READ_SIZE: Final = 64 << 10
+
+
+def _pack_body(batch: Batch) -> bytes:
+    scrapes = []
+    for block in batch.scrapes:
+        scrape: dict[str, Any] = {
+            "t": block.timestamp_ms,
+            "s": _column_to_bytes(_U32, block.series),
+            "v": _column_to_bytes("d", block.values),
+        }
+        if block.timestamps is not None:
+            scrape["ts"] = _column_to_bytes("q", block.timestamps)
+        scrapes.append(scrape)
+    labelsets = [[part for pair in labels for part in pair] for labels in batch.labelsets]
+    return msgpack.packb({"labelsets": labelsets, "scrapes": scrapes}, use_bin_type=True)
+
+
+def encode_body(batch: Batch, level: int, limits: Limits) -> tuple[bytes, int, int, int]:
+    """(body, n, t0, t1) of a v1 envelope."""
+    raw = _pack_body(batch)
+    if len(raw) > limits.max_decompressed_bytes:
+        _fail("decompression_limit", f"body of {len(raw)} bytes; split the batch")
+    body = _compressor(level).compress(raw)
+    return body, batch.sample_count, batch.first_timestamp_ms, batch.last_timestamp_ms
+
+
+def decode_body(header: Header, body: bytes, limits: Limits) -> Batch:
+    raw = _bounded_decompress(body, limits.max_decompressed_bytes)
+    size = len(raw)
+    unpacker = msgpack.Unpacker(
+        # Read through a file object: the unpacker then buffers one object at a time instead of a
+        # second copy of the whole body.
+        io.BytesIO(raw),
+        read_size=min(_BODY_READ_SIZE, max(size, 1)),
+        max_buffer_size=max(size, 1),
+        raw=False,
+        strict_map_key=True,
+        use_list=False,
+        object_pairs_hook=_strict_map,
+        max_bin_len=limits.max_decompressed_bytes,
+        # Room above the legal maxima so an over-long label is reported as label_too_long.
+        max_str_len=4 * max(limits.max_label_value_bytes, limits.max_label_name_bytes, 16),
+        # Only label sets and scrape maps are unpacked whole; the two top arrays are streamed.
+        max_array_len=2 * limits.max_labels_per_series + 2,
+        max_map_len=8,
+        max_ext_len=16,
+    )
+    del raw
+    try:
+        labelsets, scrapes = _read_body_v1(unpacker, limits)
+        if unpacker.tell() != size:
+            _fail("malformed", f"{size - unpacker.tell()} bytes after the body")
+    except (msgpack.OutOfData, msgpack.exceptions.BufferFull):
+        # BufferFull: a body shorter than the header it starts (the buffer is capped at its size).
+        _fail("malformed", "body ends early")
+    except ValueError as exc:
+        _msgpack_error(exc, "body")
+    batch = Batch(header.cluster, header.node, header.seq, labelsets, scrapes)
+    total = batch.sample_count
+    if total != header.sample_count:
+        _fail("header_mismatch", f"header n={header.sample_count}, body has {total} samples")
+    first, last = batch.first_timestamp_ms, batch.last_timestamp_ms
+    if (first, last) != (header.first_ts_ms, header.last_ts_ms):
+        _fail(
+            "header_mismatch",
+            f"header t0..t1={header.first_ts_ms}..{header.last_ts_ms}, body has {first}..{last}",
+        )
+    return batch
+
+
+_RawScrape = tuple[int, bytes, bytes, bytes | None]
+
+
+def _read_body_v1(unpacker: msgpack.Unpacker, limits: Limits) -> tuple[list[Labels], list[ScrapeBlock]]:
+    """Stream the body map, checking each count before the objects it announces are built."""
+    labelsets: list[Labels] | None = None
+    raw_scrapes: list[_RawScrape] | None = None
+    for _ in range(unpacker.read_map_header()):
+        key = unpacker.unpack()
+        if key == "labelsets" and labelsets is None:
+            labelsets = _read_labelsets(unpacker, limits)
+        elif key == "scrapes" and raw_scrapes is None:
+            raw_scrapes = _read_scrapes(unpacker, limits)
+        else:
+            _fail("malformed", f"unknown or repeated body key {str(key)[:64]!r}")
+    if labelsets is None or raw_scrapes is None:
+        _fail("malformed", "body needs both labelsets and scrapes")
+    scrapes = []
+    for i, (t, s, v, ts) in enumerate(raw_scrapes):
+        series = _column_from_bytes(_U32, s)
+        values = _column_from_bytes("d", v)
+        timestamps = None if ts is None else _column_from_bytes("q", ts)
+        _check_block_columns(series, values, timestamps, len(labelsets), i)
+        scrapes.append(ScrapeBlock(t, series, values, timestamps))
+    return labelsets, scrapes
+
+
+def _read_labelsets(unpacker: msgpack.Unpacker, limits: Limits) -> list[Labels]:
+    count = unpacker.read_array_header()
+    if count > limits.max_series:
+        _fail("too_many_series", f"{count} series > {limits.max_series}")
+    labelsets: list[Labels] = []
+    checker = _LabelChecker(limits)
+    # Equal (name, value) pairs are shared between series to keep big batches small in memory.
+    shared: dict[tuple[str, str], tuple[str, str]] = {}
+    budget = limits.max_label_pairs
+    for _ in range(count):
+        flat = unpacker.unpack()
+        if type(flat) is not tuple:
+            _fail("malformed", "a label set must be an array")
+        if len(flat) % 2:
+            _fail("malformed", "a label set array must have an even length")
+        budget -= len(flat) // 2
+        if budget < 0:
+            _fail("too_many_label_pairs", f"more than {limits.max_label_pairs} labels in the batch")
+        names, values = flat[0::2], flat[1::2]
+        checker.check(names, values)
+        labelsets.append(tuple([shared.setdefault(p, p) for p in zip(names, values, strict=True)]))
+    if len(set(labelsets)) != len(labelsets):
+        _fail("duplicate_series", "the same label set appears twice")
+    return labelsets
+
+
+def _read_scrapes(unpacker: msgpack.Unpacker, limits: Limits) -> list[_RawScrape]:
+    count = unpacker.read_array_header()
+    if count > limits.max_scrapes:
+        _fail("too_many_scrapes", f"{count} scrapes > {limits.max_scrapes}")
+    out: list[_RawScrape] = []
+    total = 0
+    for i in range(count):
+        sc = unpacker.unpack()
+        if type(sc) is not dict:
+            _fail("malformed", f"scrape {i} is not a map")
+        if not {"t", "s", "v"} <= sc.keys() or not sc.keys() <= {"t", "s", "v", "ts"}:
+            _fail("malformed", f"scrape {i} keys {sorted(map(str, sc))}: need t, s, v and optional ts")
+        t = _check_timestamp(sc["t"], f"scrape {i} t")
+        s, v, ts = sc["s"], sc["v"], sc.get("ts")
+        if type(s) is not bytes or type(v) is not bytes or ("ts" in sc and type(ts) is not bytes):
+            _fail("malformed", f"scrape {i}: s, v and ts must be bytes")
+        if len(s) % 4 or len(v) % 8 or (ts is not None and len(ts) % 8):
+            _fail("length_mismatch", f"scrape {i}: column byte length not a multiple of its item size")
+        total += len(v) // 8
+        if total > limits.max_samples:
+            _fail("too_many_samples", f"more than {limits.max_samples} samples")
+        out.append((t, s, v, ts))
+    return out

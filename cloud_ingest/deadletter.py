@@ -5,6 +5,11 @@ fixed). Payloads the ingester itself refused (undecodable or invalid: they would
 are kept only for the first ``REFUSED_KEPT_PER_NODE_REASON`` of each node and reason, enough to
 diagnose; the rest are counted (``cloud_ingest_dead_letters_total``) but not stored, so a node that
 floods garbage cannot fill the store's volume.
+
+The store is capped in bytes (``dead_letter.max_bytes``: pages in use, so rows that a replay deleted,
+even from another process, make room again). A letter that does not fit raises ``DeadLetterFull`` and
+is not stored: the ingester then does not ack the batch (the edge keeps it and publishes it again)
+and counts the overflow, which alerts; a full disk counts as a full store.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REFUSED_KEPT_PER_NODE_REASON = 20
+# Per-row bookkeeping besides the payload (columns, record header, index entry), for the cap.
+_ROW_OVERHEAD_BYTES = 512
+_SQLITE_FULL = 13
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -43,8 +51,17 @@ class DeadLetter:
     payload_bytes: int
 
 
+class DeadLetterFull(Exception):
+    """The store is at ``max_bytes`` (or its disk is full): the letter was not stored."""
+
+
 class DeadLetterStore:
-    def __init__(self, path: str | Path) -> None:
+    """``max_bytes``: cap of the pages in use (0 = only the disk limits it)."""
+
+    def __init__(self, path: str | Path, *, max_bytes: int = 0) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, not {max_bytes}")
+        self.path = str(path)
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -52,6 +69,7 @@ class DeadLetterStore:
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
         self._refused_kept: dict[tuple[str | None, str], int] = {}
+        self.max_bytes = max_bytes
 
     def keep_refused(self, node: str | None, reason: str) -> bool:
         """Whether a refused payload of this node and reason (a slug) should still be stored."""
@@ -79,13 +97,36 @@ class DeadLetterStore:
         node: str | None,
         seq: int | None,
     ) -> int:
+        """Store one letter; its id. Raises ``DeadLetterFull`` when it does not fit."""
+        size = len(payload) + len(reason) + len(topic) + _ROW_OVERHEAD_BYTES
         with self._lock:
-            cur = self._db.execute(
-                "INSERT INTO dead_letters (received_ms, topic, cluster, node, seq, reason, payload)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (int(time.time() * 1000), topic, cluster, node, seq, reason, payload),
-            )
+            if self.max_bytes and self._used_bytes_locked() + size > self.max_bytes:
+                raise DeadLetterFull(
+                    f"dead-letter store {self.path} holds {self._used_bytes_locked()} of "
+                    f"{self.max_bytes} bytes; a letter of {size} bytes does not fit"
+                )
+            try:
+                cur = self._db.execute(
+                    "INSERT INTO dead_letters (received_ms, topic, cluster, node, seq, reason, payload)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (int(time.time() * 1000), topic, cluster, node, seq, reason, payload),
+                )
+            except sqlite3.OperationalError as e:
+                if getattr(e, "sqlite_errorcode", None) != _SQLITE_FULL:
+                    raise
+                raise DeadLetterFull(f"dead-letter store {self.path}: the disk is full ({e})") from e
             return int(cur.lastrowid or 0)
+
+    def used_bytes(self) -> int:
+        """Bytes of the pages in use (the file minus its free pages)."""
+        with self._lock:
+            return self._used_bytes_locked()
+
+    def _used_bytes_locked(self) -> int:
+        (pages,) = self._db.execute("PRAGMA page_count").fetchone()
+        (free,) = self._db.execute("PRAGMA freelist_count").fetchone()
+        (page_size,) = self._db.execute("PRAGMA page_size").fetchone()
+        return int(pages - free) * int(page_size)
 
     def list(self, limit: int = 100) -> list[DeadLetter]:
         with self._lock:

@@ -1,7 +1,10 @@
 """Stage 2 (cloud): turn an untrusted MQTT message into a validated batch, or refuse it with a reason.
 
 Everything in a payload is hostile until checked: the codec enforces sizes, decompression limits
-and label rules; this stage adds what only the cloud knows (the topic the message came on, the clock).
+and label rules; this stage adds what only the cloud knows (the topic the message came on, the clock),
+and makes every series carry the topic's cluster and node (``pin_identity``), so no node can write
+another node's series. It also refuses a batch whose remote-write request would be far larger than the
+batch itself (``expansion_limit``), before the write stage builds it.
 """
 
 from __future__ import annotations
@@ -9,21 +12,39 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from cloud_ingest.write import request_size_bound
 from schemas import codec, topics
-from schemas.model import Batch
+from schemas.model import Batch, Labels
+
+# How much larger than the decompression limit the remote-write request of a batch may be. The request
+# repeats every label string in every series that carries it; wire format v1 does too (each label set
+# whole), so a v1 body expands to about its own size plus ~10 bytes a sample, never 2x. Format v2 names
+# each string once per batch: 50,000 series sharing four 4,000-byte values are a legal 52 KB v2 batch
+# and an 800 MB request (1.5 GiB to build before the pair cache was shared; container limit 1 GiB, and
+# the unacked message comes back: a crash loop). 4x lets through anything a v1 batch within the limits
+# could carry and refuses such batches before anything is built: 128 MiB at the default 32 MiB limit.
+REQUEST_EXPANSION = 4
 
 
 class Refused(Exception):
     """A message that will never be written. ``seq`` is set when the edge can be told (ack rejected)."""
 
     def __init__(
-        self, reason: str, message: str, *, cluster: str | None, node: str | None, seq: int | None
+        self,
+        reason: str,
+        message: str,
+        *,
+        cluster: str | None,
+        node: str | None,
+        seq: int | None,
+        incarnation: int = 0,
     ) -> None:
         super().__init__(message)
         self.reason = reason
         self.cluster = cluster
         self.node = node
         self.seq = seq
+        self.incarnation = incarnation  # the batch's spool incarnation, echoed in the ack
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +52,7 @@ class Decoded:
     cluster: str
     node: str
     batch: Batch
+    identity_overridden: int = 0  # label sets whose sent cluster/node was replaced by the topic's
 
 
 def decode(
@@ -41,7 +63,10 @@ def decode(
     limits: codec.Limits,
     max_future_seconds: float,
     now_ms: int | None = None,
+    max_request_bytes: int | None = None,
 ) -> Decoded:
+    """The batch of one message, or :class:`Refused`. ``max_request_bytes`` caps the remote-write
+    request it may become (default ``REQUEST_EXPANSION`` x ``limits.max_decompressed_bytes``)."""
     try:
         cluster, node, kind = topics.parse_topic(prefix, topic)
     except ValueError as e:
@@ -60,11 +85,14 @@ def decode(
             cluster=cluster,
             node=node,
             seq=header.seq,
+            incarnation=header.incarnation,
         )
     try:
         batch = codec.decode_batch(payload, limits)
     except codec.DecodeError as e:
-        raise Refused(e.reason, str(e), cluster=cluster, node=node, seq=header.seq) from e
+        raise Refused(
+            e.reason, str(e), cluster=cluster, node=node, seq=header.seq, incarnation=header.incarnation
+        ) from e
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     if batch.last_timestamp_ms > now_ms + max_future_seconds * 1000:
         raise Refused(
@@ -73,5 +101,61 @@ def decode(
             cluster=cluster,
             node=node,
             seq=header.seq,
+            incarnation=header.incarnation,
         )
-    return Decoded(cluster, node, batch)
+    batch.labelsets, overridden = pin_identity(batch.labelsets, cluster, node)
+    # After pin_identity: the labels measured are the ones that will be written.
+    cap = max_request_bytes
+    if cap is None:
+        cap = REQUEST_EXPANSION * limits.max_decompressed_bytes
+    size = request_size_bound(
+        batch, cap, max_pair_bytes=limits.max_label_name_bytes + limits.max_label_value_bytes
+    )
+    if size > cap:
+        raise Refused(
+            "expansion_limit",
+            f"the batch would become a remote-write request of up to {size} bytes, more than {cap} "
+            f"({len(batch.labelsets)} series, {batch.sample_count} samples in {len(payload)} bytes)",
+            cluster=cluster,
+            node=node,
+            seq=header.seq,
+            incarnation=header.incarnation,
+        )
+    return Decoded(cluster, node, batch, overridden)
+
+
+_EXPORTED = "exported_"
+
+
+def pin_identity(labelsets: list[Labels], cluster: str, node: str) -> tuple[list[Labels], int]:
+    """Every label set with the topic's ``cluster`` and ``node``: the topic is what the broker's ACL
+    vouches for, the labels are whatever the node sent. Returns the label sets (the same list when
+    nothing changed) and how many had a different value, which is kept as ``exported_<name>`` (again
+    prefixed while that name is taken), as Prometheus does for a target label with honor_labels: false.
+    A missing label is added. Once per label set, never per sample: the samples refer to the table.
+    """
+    want_cluster, want_node = ("cluster", cluster), ("node", node)
+    out = labelsets
+    overridden = 0
+    for i, labels in enumerate(labelsets):
+        # Tuple membership runs in C: this check is all an honest node's label sets cost.
+        if want_node in labels and want_cluster in labels:
+            continue
+        if out is labelsets:
+            out = list(labelsets)
+        pairs = dict(labels)
+        changed = False
+        for name, value in (want_cluster, want_node):
+            sent = pairs.get(name)
+            if sent == value:
+                continue
+            pairs[name] = value
+            if sent:
+                changed = True
+                exported = _EXPORTED + name
+                while exported in pairs:
+                    exported = _EXPORTED + exported
+                pairs[exported] = sent
+        out[i] = tuple(sorted(pairs.items()))
+        overridden += changed
+    return out, overridden

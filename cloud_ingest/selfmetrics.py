@@ -71,6 +71,35 @@ class IngestMetrics:
         self.mqtt_connected = Gauge(
             "cloud_ingest_mqtt_connected", "1 while connected to the broker.", registry=r
         )
+        self.config_errors = Counter(
+            "cloud_ingest_remote_write_config_errors",
+            "Receiver answers that say its address, credentials or limits are wrong, not the data (3xx, "
+            "401, 403, 404, 405, 413, a 400 naming no sample ...), by status; retried, never rejected.",
+            ["status"],
+            registry=r,
+        )
+        self.dead_letter_overflow = Counter(
+            "cloud_ingest_dead_letter_overflow",
+            "Dead letters not stored because the store was full, by reason; a receiver-rejected batch "
+            "is then not acknowledged (the edge keeps it).",
+            ["reason"],
+            registry=r,
+        )
+        self.dead_letter_bytes = Gauge(
+            "cloud_ingest_dead_letter_bytes", "Bytes the dead-letter store uses.", registry=r
+        )
+        self.dead_letter_max_bytes = Gauge(
+            "cloud_ingest_dead_letter_max_bytes",
+            "The dead-letter store's cap (dead_letter.max_bytes).",
+            registry=r,
+        )
+        self.identity_overridden = Counter(
+            "cloud_ingest_series_identity_overridden",
+            "Label sets whose cluster or node label differed from the topic's: written with the topic's, "
+            "the sent value kept as exported_cluster / exported_node.",
+            ["node"],
+            registry=r,
+        )
         self.fleet_collector = FleetCollector(self.fleet)
         r.register(self.fleet_collector)
         self.fleet.on_forget(self._forget)
@@ -81,7 +110,7 @@ class IngestMetrics:
         for _, node in keys:
             if node in remaining:
                 continue
-            for counter in (self.samples_written, self.batches_written):
+            for counter in (self.samples_written, self.batches_written, self.identity_overridden):
                 with contextlib.suppress(KeyError):
                     counter.remove(node)
 

@@ -18,6 +18,7 @@ import argparse
 import logging
 import queue
 import signal
+import sqlite3
 import threading
 import time
 import zlib
@@ -27,12 +28,12 @@ import paho.mqtt.client as mqtt
 
 from cloud_ingest import settings as settings_mod
 from cloud_ingest.ack import Acker
-from cloud_ingest.deadletter import DeadLetterStore
+from cloud_ingest.deadletter import DeadLetterFull, DeadLetterStore
 from cloud_ingest.decode import Refused, decode
 from cloud_ingest.fleet import Fleet
 from cloud_ingest.selfmetrics import IngestMetrics
 from cloud_ingest.settings import Settings
-from cloud_ingest.subscribe import Subscriber
+from cloud_ingest.subscribe import Admission, Subscriber
 from cloud_ingest.write import RemoteWriteClient
 from relay_common.backoff import Backoff
 from relay_common.httpserver import MetricsServer
@@ -56,7 +57,10 @@ class Ingester:
         self._ack_sub_mid: int | None = None
         self._ack_view = False
         self.stop_event = threading.Event()
-        self.dead_letters = DeadLetterStore(s.dead_letter_path)
+        self.dead_letters = DeadLetterStore(s.dead_letter_path, max_bytes=s.dead_letter_max_bytes)
+        self.metrics.dead_letter_max_bytes.set(s.dead_letter_max_bytes)
+        self.metrics.dead_letter_bytes.set_function(self._dead_letter_bytes)
+        self._full_logged_at = -float("inf")
         self.writer = RemoteWriteClient(
             s.remote_write_url,
             timeout_s=s.remote_write_timeout_seconds,
@@ -64,6 +68,7 @@ class Ingester:
             backoff=Backoff(s.retry_min_seconds, s.retry_max_seconds),
             max_retry_s=s.max_retry_seconds,
             stop_event=self.stop_event,
+            on_config_error=lambda status: self.metrics.config_errors.labels(str(status)).inc(),
         )
         self.subscriber = Subscriber(
             host=s.mqtt_host,
@@ -87,6 +92,10 @@ class Ingester:
         self._chained_on_subscribe = self.subscriber.client.on_subscribe
         self.subscriber.client.on_subscribe = self._on_subscribe
         self.queues: list[queue.Queue[mqtt.MQTTMessage | None]] = [queue.Queue() for _ in range(s.workers)]
+        # Bounds the queues: at most the Receive Maximum we announce, whatever the broker sends.
+        self.admission = Admission(s.receive_maximum, self.stop_event)
+        self._qos0_logged_at = -float("inf")
+        self._qos0_unlogged = 0
         self.workers = [
             threading.Thread(target=self._work, args=(q,), name=f"ingest-{i}", daemon=True)
             for i, q in enumerate(self.queues)
@@ -161,10 +170,34 @@ class Ingester:
         if message.topic.endswith("/ack"):
             self._on_ack(message)
             return
+        if message.qos == 0:
+            self._refuse_qos0(message)
+            return
+        if not self.admission.admit():
+            return  # stopping: not PUBACKed, so the broker delivers it again
         levels = message.topic.split("/")
         node_key = "/".join(levels[-3:-1]).encode()
         self.queues[zlib.crc32(node_key) % len(self.queues)].put(message)
         self.metrics.queue_depth.inc()
+
+    def _refuse_qos0(self, message: mqtt.MQTTMessage) -> None:
+        """The delivery contract is QoS 1: a QoS 0 batch has no PUBACK to hold back and no flow control
+        (Receive Maximum covers QoS 1 and 2 only), so a flood of them would queue without bound. Not
+        dead-lettered either (the store would fill with a flood): counted, logged once a minute."""
+        self.metrics.refused.labels("qos0").inc()
+        self.metrics.messages.labels("refused").inc()
+        now = time.monotonic()
+        if now - self._qos0_logged_at < 60:
+            self._qos0_unlogged += 1
+            return
+        log.error(
+            "refused a QoS 0 batch on %s: batches must be published with QoS 1 (%d more since the last "
+            'such message; counted in cloud_ingest_batches_refused_total{reason="qos0"})',
+            message.topic,
+            self._qos0_unlogged,
+        )
+        self._qos0_logged_at = now
+        self._qos0_unlogged = 0
 
     def _on_status(self, message: mqtt.MQTTMessage) -> None:
         try:
@@ -191,6 +224,7 @@ class Ingester:
                 log.exception("unexpected error handling a batch from %s", message.topic)
             finally:
                 self.metrics.queue_depth.dec()
+                self.admission.done()
 
     def _log_once(self, node: str | None, reason: str, text: str) -> None:
         with self._logged_lock:  # workers of different nodes may refuse at the same moment
@@ -198,6 +232,31 @@ class Ingester:
                 return
             self._logged.add((node, reason))
         log.error("%s (further %s refusals from this node are only counted)", text, reason)
+
+    def _warn_once(self, node: str, what: str, text: str) -> None:
+        with self._logged_lock:
+            if (node, what) in self._logged:
+                return
+            self._logged.add((node, what))
+        log.warning("%s (logged once per node; counted in cloud_ingest_series_%s_total)", text, what)
+
+    def _log_full(self, e: DeadLetterFull) -> None:
+        # Once a minute: a full store refuses every letter until an operator makes room.
+        now = time.monotonic()
+        if now - self._full_logged_at < 60:
+            return
+        self._full_logged_at = now
+        log.error(
+            "%s: batches the receiver rejected are not acknowledged (the edges keep them) until letters "
+            "are replayed or deleted (cloud-ingest dead-letters)",
+            e,
+        )
+
+    def _dead_letter_bytes(self) -> float:
+        try:
+            return float(self.dead_letters.used_bytes())
+        except sqlite3.Error:  # closed at shutdown while /metrics is still served
+            return float("nan")
 
     def handle(self, message: mqtt.MQTTMessage) -> str:
         """Process one batch message to its final outcome; returns the outcome name."""
@@ -218,12 +277,26 @@ class Ingester:
             if self.dead_letters.keep_refused(r.node, r.reason):
                 # The reason starts with its slug once (a DecodeError's text already does).
                 text = str(r) if str(r).startswith(f"{r.reason}:") else f"{r.reason}: {r}"
-                self.dead_letters.put(message.topic, payload, text, cluster=r.cluster, node=r.node, seq=r.seq)
+                try:
+                    self.dead_letters.put(
+                        message.topic, payload, text, cluster=r.cluster, node=r.node, seq=r.seq
+                    )
+                except DeadLetterFull as e:
+                    # Only counted: an invalid payload would be refused again, and the edge records
+                    # the batch in its loss ledger when the "rejected" ack arrives.
+                    self.metrics.dead_letter_overflow.labels(r.reason).inc()
+                    self._log_full(e)
             if r.cluster is not None and r.node is not None:
                 self.fleet.observe_dead_letter(r.cluster, r.node, seq=r.seq, refused=True)
             if r.seq is not None and r.node is not None and r.cluster is not None:
                 self.acker.ack(
-                    message, cluster=r.cluster, node=r.node, seq=r.seq, result="rejected", reason=r.reason
+                    message,
+                    cluster=r.cluster,
+                    node=r.node,
+                    seq=r.seq,
+                    result="rejected",
+                    reason=r.reason,
+                    incarnation=r.incarnation,
                 )
                 self.metrics.acks.labels("rejected").inc()
             else:
@@ -231,6 +304,14 @@ class Ingester:
             self.metrics.messages.labels("refused").inc()
             return "refused"
         batch = decoded.batch
+        if decoded.identity_overridden:
+            self.metrics.identity_overridden.labels(decoded.node).inc(decoded.identity_overridden)
+            self._warn_once(
+                decoded.node,
+                "identity_overridden",
+                f"batch on {message.topic} has series labelled with another cluster or node: written with "
+                "the topic's, the sent values kept as exported_cluster / exported_node",
+            )
         started = time.monotonic()
         outcome = self.writer.write(batch)
         self.metrics.write_duration.observe(time.monotonic() - started)
@@ -244,14 +325,30 @@ class Ingester:
                 samples=batch.sample_count,
                 newest_ms=batch.last_timestamp_ms,
             )
-            self.acker.ack(message, cluster=decoded.cluster, node=decoded.node, seq=batch.seq, result="ok")
+            self.acker.ack(
+                message,
+                cluster=decoded.cluster,
+                node=decoded.node,
+                seq=batch.seq,
+                result="ok",
+                incarnation=batch.incarnation,
+            )
             self.metrics.acks.labels("ok").inc()
         elif outcome.status == "rejected":
             reason = outcome.reason or "rejected by the remote-write receiver"
             log.error("receiver rejected batch %s seq=%d: %s", decoded.node, batch.seq, reason)
-            self.dead_letters.put(
-                message.topic, payload, reason, cluster=decoded.cluster, node=decoded.node, seq=batch.seq
-            )
+            try:
+                self.dead_letters.put(
+                    message.topic, payload, reason, cluster=decoded.cluster, node=decoded.node, seq=batch.seq
+                )
+            except DeadLetterFull as e:
+                # Valid data with nowhere to go: an ack "rejected" would delete the last copy at the
+                # edge. No ack, so the edge keeps the batch and publishes it again after its ack timeout.
+                self.metrics.dead_letter_overflow.labels("receiver_rejected").inc()
+                self._log_full(e)
+                self.acker.release(message)
+                self.metrics.messages.labels("dead_letter_full").inc()
+                return "dead_letter_full"
             self.metrics.dead_letters.labels("receiver_rejected").inc()
             self.fleet.observe_dead_letter(decoded.cluster, decoded.node, seq=batch.seq, refused=False)
             self.acker.ack(
@@ -261,6 +358,7 @@ class Ingester:
                 seq=batch.seq,
                 result="rejected",
                 reason=reason,
+                incarnation=batch.incarnation,
             )
             self.metrics.acks.labels("rejected").inc()
         elif self.stop_event.is_set():

@@ -51,6 +51,7 @@ class Settings:
     limits: Limits
     max_future_seconds: float
     dead_letter_path: str
+    dead_letter_max_bytes: int
     metrics_listen: str
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
@@ -110,6 +111,7 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         ),
         max_future_seconds=float(lim["max_future_seconds"]),
         dead_letter_path=raw["dead_letter"]["path"],
+        dead_letter_max_bytes=raw["dead_letter"]["max_bytes"],
         metrics_listen=raw["metrics"]["listen"],
         raw=raw,
     )

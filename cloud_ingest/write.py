@@ -7,7 +7,7 @@ so the edge keeps the batch in its spool and re-publishes it.
 Re-sending a batch that was already written changes nothing stored, but the answer depends on the
 receiver: VictoriaMetrics accepts it; Prometheus 2.x (no out-of-order window) answers 400 "out of order
 sample" for every series with more than one sample in the batch, and this client reports that as
-``rejected`` like any other 400.
+``rejected``, like every 400 that names samples (a 400 that does not is a configuration error, retried).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from itertools import chain
 from operator import itemgetter
 from typing import Literal
 
@@ -29,8 +30,10 @@ import requests
 import requests.adapters
 import urllib3.exceptions
 
+from cloud_ingest.answers import PERMANENT_5XX_MARKERS, RETRY_4XX, RETRY_AFTER_STATUSES, refuses_samples
 from relay_common.backoff import Backoff, parse_retry_after
-from schemas.model import Batch, Labels
+from relay_common.ratelimit import RateLimitedLog
+from schemas.model import Batch
 
 __all__ = [
     "DEFAULT_USER_AGENT",
@@ -94,21 +97,56 @@ def _field_bytes(tag: bytes, payload: bytes) -> bytes:
     return tag + _varint(len(payload)) + payload
 
 
-def _encode_labels(labels: Labels, pair_cache: dict[tuple[str, str], bytes]) -> bytes:
-    # Per-batch cache keyed by (name, value): most pairs (job, instance, namespace, ...) repeat across
-    # series, and a dict hit is ~3x cheaper than encoding the pair again.
-    parts = []
-    for pair in labels:
-        enc = pair_cache.get(pair)
-        if enc is None:
-            name = pair[0].encode()
-            value = pair[1].encode()
-            label = (_field_bytes(_TAG_LABEL_NAME, name) if name else b"") + (
-                _field_bytes(_TAG_LABEL_VALUE, value) if value else b""
-            )
-            enc = pair_cache[pair] = _field_bytes(_TAG_LABEL, label)
-        parts.append(enc)
-    return b"".join(parts)
+def _encode_pair(pair: tuple[str, str]) -> bytes:
+    name = pair[0].encode()
+    value = pair[1].encode()
+    label = (_field_bytes(_TAG_LABEL_NAME, name) if name else b"") + (
+        _field_bytes(_TAG_LABEL_VALUE, value) if value else b""
+    )
+    return _field_bytes(_TAG_LABEL, label)
+
+
+# A Sample is at most a tag and a one-byte length, the value (tag + fixed64) and the timestamp (tag +
+# a 10-byte varint); a TimeSeries adds a tag and its length (5 bytes up to 32 GiB); a Label three tags
+# and three lengths.
+_MAX_SAMPLE_BYTES = 2 + 9 + 11
+_MAX_SERIES_HEAD_BYTES = 1 + 5
+_MAX_LABEL_HEAD_BYTES = 3 * (1 + 5)
+
+
+def request_size_bound(batch: Batch, cap: int | None = None, *, max_pair_bytes: int | None = None) -> int:
+    """An upper bound of ``len(build_write_request(batch))``, without building the request.
+
+    A batch names each label string once (v2: once per batch, in a dictionary), the request once per
+    series, so a small batch can stand for a huge request; the ingester refuses one whose bound is over
+    its limit before building it (``cloud_ingest.decode``). With a ``cap``, the first of three bounds
+    that is within it is returned, each dearer and tighter than the one before: every pair at
+    ``max_pair_bytes`` (the codec's name + value limits; one step per series), every label character
+    at 4 bytes (the most UTF-8 takes; one step per string, ~20 ns), and the exact labels (every
+    distinct pair encoded once to measure it, a dict lookup per pair).
+    """
+    labelsets = batch.labelsets
+    fixed = _MAX_SERIES_HEAD_BYTES * len(labelsets) + _MAX_SAMPLE_BYTES * batch.sample_count
+    if cap is not None:
+        pairs = sum(map(len, labelsets))
+        if max_pair_bytes is not None:
+            loose = fixed + (max_pair_bytes + _MAX_LABEL_HEAD_BYTES) * pairs
+            if loose <= cap:
+                return loose
+        chars = sum(map(len, chain.from_iterable(chain.from_iterable(labelsets))))
+        quick = fixed + 4 * chars + _MAX_LABEL_HEAD_BYTES * pairs
+        if quick <= cap:
+            return quick
+    sizes: dict[tuple[str, str], int] = {}
+    get = sizes.get
+    total = fixed
+    for labels in labelsets:
+        for pair in labels:
+            size = get(pair)
+            if size is None:
+                size = sizes[pair] = len(_encode_pair(pair))
+            total += size
+    return total
 
 
 def _sample_tail(timestamp_ms: int) -> bytes:
@@ -173,14 +211,32 @@ def build_write_request(batch: Batch) -> bytes:
             else:
                 slots[s] = [cur, entry]  # type: ignore[list-item]
 
+    # One join of a flat list of pieces: a label pair is encoded once per batch (most pairs -- job,
+    # instance, namespace -- repeat across series; a dict hit is ~3x cheaper than encoding again) and
+    # every series carrying it references that one bytes object. Building each TimeSeries as bytes of
+    # its own first copied every shared label value once per series, three times over, before the final
+    # join copied it again: 50,000 series sharing four 4,000-byte values (an 800 MB request) peaked at
+    # 1.5 GiB; now the request and a list of references (tests/test_ingest_bounds.py measures it).
     pair_cache: dict[tuple[str, str], bytes] = {}
-    out = []
+    get_pair = pair_cache.get
+    pieces: list[bytes] = []
+    add = pieces.append
     for s, cur in enumerate(slots):
         if cur is None:
             continue
         samples = b"".join([e[1] for e in _order_samples(cur)]) if type(cur) is list else cur[1]  # type: ignore[index]
-        out.append(_field_bytes(_TAG_TIMESERIES, _encode_labels(labelsets[s], pair_cache) + samples))
-    return b"".join(out)
+        head = len(pieces)
+        add(b"")  # the TimeSeries tag and length, once the labels are measured
+        size = len(samples)
+        for pair in labelsets[s]:
+            enc = get_pair(pair)
+            if enc is None:
+                enc = pair_cache[pair] = _encode_pair(pair)
+            add(enc)
+            size += len(enc)
+        add(samples)
+        pieces[head] = _TAG_TIMESERIES + _varint(size)
+    return b"".join(pieces)
 
 
 def _order_samples(samples: list[_Entry]) -> list[_Entry]:
@@ -219,9 +275,13 @@ WriteStatus = Literal["written", "retry_later", "rejected"]
 class WriteOutcome:
     """Result of :meth:`RemoteWriteClient.write`.
 
-    ``written``: 2xx, ack the batch.  ``rejected``: permanent 3xx/4xx (not 408/429), retrying the same
-    bytes cannot help; ack and quarantine, ``reason`` says why.  ``retry_later``: still failing after
-    ``max_retry_s`` (or stopping); do not ack, the edge re-publishes.
+    ``written``: 2xx, ack the batch.  ``rejected``: a definitive, sample-level refusal (a 400/409/422
+    whose body names out-of-order, out-of-bounds, duplicate, too-old or too-far-in-the-future samples, or
+    ``permanent_after`` identical 5xx naming such a cause); retrying the same bytes cannot help; ack and
+    dead-letter, ``reason`` says why.  ``retry_later``: still failing after ``max_retry_s`` (or
+    stopping); do not ack, the edge re-publishes.  Configuration errors (any other 3xx/4xx but 408/429:
+    a redirect, 401, 403, 404, 405, 413, a 400 that names no sample ...) end as ``retry_later`` too:
+    they say the receiver or our configuration is wrong, not the data, so the data must stay at the edge.
     """
 
     status: WriteStatus
@@ -247,14 +307,6 @@ PROTOCOL_HEADERS = (
 _PROTOCOL_HEADERS = frozenset(h.lower() for h in PROTOCOL_HEADERS)
 # RFC 9110 field-name (a token).
 _HEADER_NAME_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-# Status codes retried besides 5xx.  408 is a server-side timeout, so transient like 5xx; upstream
-# Prometheus retries only 5xx and 429.
-_RETRY_4XX = frozenset({408, 429})
-_RETRY_AFTER_STATUSES = frozenset({429, 503})
-# 5xx answers that mean "never": Prometheus with an out-of-order window answers 500 "too old sample"
-# for samples older than the window. Retrying forever would block the node's queue, so after a few
-# identical answers the batch is rejected (dead-lettered, replayable) instead.
-PERMANENT_5XX_MARKERS = ("too old sample", "out of bounds")
 _NETWORK_ERRORS = (
     requests.RequestException,
     urllib3.exceptions.HTTPError,
@@ -297,6 +349,7 @@ class _Attempt:
     http_status: int | None
     reason: str
     retry_after_s: float | None = None
+    config_error: bool = False  # a 3xx/4xx that says the receiver or our configuration is wrong
 
 
 def _printable(data: bytes) -> str:
@@ -310,37 +363,13 @@ def _shorten(text: str, limit: int = REASON_BODY_BYTES) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-class _RateLimitedWarning:
-    """At most one WARNING per ``interval_s``; the rest go to DEBUG and are counted in the next one."""
-
-    def __init__(self, logger: logging.Logger, interval_s: float, clock: Callable[[], float]) -> None:
-        self._logger = logger
-        self._interval_s = interval_s
-        self._clock = clock
-        self._last = -float("inf")
-        self._suppressed = 0
-        self._lock = threading.Lock()
-
-    def __call__(self, msg: str, *args: object) -> None:
-        with self._lock:
-            now = self._clock()
-            warn = now - self._last >= self._interval_s
-            if warn:
-                if self._suppressed:
-                    msg += " (%d similar warnings suppressed)"
-                    args = (*args, self._suppressed)
-                self._last = now
-                self._suppressed = 0
-            else:
-                self._suppressed += 1
-        self._logger.log(logging.WARNING if warn else logging.DEBUG, msg, *args)
-
-
 class RemoteWriteClient:
     """POSTs remote-write bodies over one keep-alive ``requests.Session``.
 
     Never raises for HTTP or network failures; every call returns a :class:`WriteOutcome`.
-    Retries 5xx, 408, 429, connection errors, timeouts and unparseable responses with capped,
+    Retries 5xx, 408, 429, configuration errors (3xx/4xx that are not a sample-level rejection; each
+    one is passed to ``on_config_error`` with its status and logged at ERROR, at most once per
+    ``warn_interval_s``), connection errors, timeouts and unparseable responses with capped,
     jittered exponential backoff (a fresh clone of ``backoff`` per call) until ``max_retry_s`` has
     elapsed or ``stop_event`` is set (the first attempt is always made; a set event ends retries).
     For 429 and 503 a ``Retry-After`` header sets a floor on the delay, but the delay never exceeds
@@ -367,6 +396,7 @@ class RemoteWriteClient:
         clock: Callable[[], float] = time.monotonic,
         warn_interval_s: float = 30.0,
         permanent_after: int = 3,
+        on_config_error: Callable[[int], object] | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -404,7 +434,9 @@ class RemoteWriteClient:
         else:
             self._sleep = sleep
         self._clock = clock
-        self._warn = _RateLimitedWarning(log, warn_interval_s, clock)
+        self._warn = RateLimitedLog(log, warn_interval_s, clock)
+        self._config_error = RateLimitedLog(log, warn_interval_s, clock, logging.ERROR)
+        self._on_config_error = on_config_error
 
     @property
     def headers(self) -> dict[str, str]:
@@ -448,6 +480,8 @@ class RemoteWriteClient:
                 return WriteOutcome("rejected", result.http_status, attempts, result.reason, elapsed)
 
             status = result.http_status or 0
+            if result.config_error and self._on_config_error is not None:
+                self._on_config_error(status)
             if status >= 500 and any(m in result.reason.lower() for m in PERMANENT_5XX_MARKERS):
                 permanent += 1
                 if permanent >= self.permanent_after:
@@ -464,14 +498,25 @@ class RemoteWriteClient:
                 return self._give_up(result, attempts, elapsed, "stopping")
             if elapsed + delay > self.max_retry_s:
                 return self._give_up(result, attempts, elapsed, f"gave up after {elapsed:.1f}s")
-            self._warn(
-                "remote write of %d samples to %s failed (attempt %d): %s; retrying in %.2fs",
-                samples,
-                self.url,
-                attempts,
-                result.reason,
-                delay,
-            )
+            if result.config_error:
+                self._config_error(
+                    "remote write of %d samples to %s failed (attempt %d): %s; the receiver's URL, "
+                    "credentials or size limit is wrong, not the data: keeping the batch, retrying in %.2fs",
+                    samples,
+                    self.url,
+                    attempts,
+                    result.reason,
+                    delay,
+                )
+            else:
+                self._warn(
+                    "remote write of %d samples to %s failed (attempt %d): %s; retrying in %.2fs",
+                    samples,
+                    self.url,
+                    attempts,
+                    result.reason,
+                    delay,
+                )
             self._sleep(delay)
             if self._stopping():
                 return self._give_up(result, attempts, self._clock() - start, "stopping")
@@ -508,11 +553,15 @@ class RemoteWriteClient:
         reason = f"HTTP {code}: {_printable(head[:REASON_BODY_BYTES])}"
         if 200 <= code < 300:
             return _Attempt("written", code, "")
-        if 500 <= code < 600 or code in _RETRY_4XX:
-            after = parse_retry_after(retry_after) if code in _RETRY_AFTER_STATUSES else None
+        if 500 <= code < 600 or code in RETRY_4XX:
+            after = parse_retry_after(retry_after) if code in RETRY_AFTER_STATUSES else None
             return _Attempt("retry_later", code, reason, after)
         if 300 <= code < 500:
-            return _Attempt("rejected", code, reason)
+            if refuses_samples(code, head):
+                return _Attempt("rejected", code, reason)
+            # The same answer for every batch of every node (cloud_ingest.answers): rejecting would
+            # empty the fleet's spools. Retried like a 5xx, counted, alerted; the edge keeps the data.
+            return _Attempt("retry_later", code, reason, config_error=True)
         # 1xx as a final status or >= 600: not a remote-write receiver speaking HTTP properly (a
         # proxy or load balancer in a bad state); treat like a network error.
         return _Attempt("retry_later", code, f"unexpected {reason}")

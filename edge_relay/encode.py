@@ -160,16 +160,19 @@ class BatchEncoder:
         max_bytes: int,
         zstd_level: int = 3,
         version: int = codec.CURRENT_FORMAT_VERSION,
+        incarnation: int = 0,
     ) -> None:
         self.cluster = cluster
         self.node = node
         self.max_bytes = max_bytes
         self.zstd_level = zstd_level
         self.version = version
+        self.incarnation = incarnation  # the spool's: every batch names the spool file it is stored in
         self._last_batch: Batch | None = None
         self._last_payload: bytes | None = None
 
     def encode(self, batch: Batch, seq: int) -> bytes:
+        batch.incarnation = self.incarnation
         if batch is self._last_batch and self._last_payload is not None:
             # Sized a moment ago with a placeholder seq: only the header changes.
             batch.seq = seq
@@ -217,3 +220,18 @@ class BatchEncoder:
             raise ValueError(f"a single sample encodes to more than batch.max_bytes={self.max_bytes}")
         first, second = _halves(scrapes[0])
         return self.build([first]) + self.build([second])
+
+    def build_each(
+        self, scrapes: Sequence[ShapedScrape]
+    ) -> tuple[list[Batch], list[tuple[ShapedScrape, str]]]:
+        """``build`` scrape by scrape, for scrapes the codec refused together (``build`` or
+        ``build_window`` raised): one scrape it refuses must not take the others with it. Returns the
+        batches and each refused scrape with the codec's error."""
+        batches: list[Batch] = []
+        refused: list[tuple[ShapedScrape, str]] = []
+        for scrape in scrapes:
+            try:
+                batches += self.build([scrape])
+            except ValueError as e:
+                refused.append((scrape, str(e)))
+        return batches, refused

@@ -32,10 +32,16 @@ class LossReason(StrEnum):
     CORRUPT_ROW = "corrupt_row"  # a spool row failed its checksum
     OVERSIZED_BATCH = "oversized_batch"  # a batch above the broker's maximum packet size
     DUPLICATE_SERIES = "duplicate_series"  # a second sample of one series in one scrape
-    DUPLICATE_SAMPLE = "duplicate_sample"  # an explicit timestamp that did not advance within a window
-    LABEL_LIMITS = "label_limits"  # more labels or longer values than the wire limits
+    # An explicit timestamp that did not advance: within a batch window, or past its series' last
+    # sample in a stateful budget class.
+    DUPLICATE_SAMPLE = "duplicate_sample"
+    LABEL_LIMITS = "label_limits"  # labels the wire refuses: more or longer than its limits, ...
     ENCODE_ERROR = "encode_error"  # the codec refused a scrape
+    INVALID_TIMESTAMP = "invalid_timestamp"  # an explicit timestamp the wire cannot carry (negative)
     SPOOL_FILE_CORRUPT = "spool_file_corrupt"  # the spool file was moved aside (count unknown)
+    # The cloud acked the batch "rejected" (invalid, or refused for good by the receiver): its row is
+    # deleted, the dead letter (if the cloud kept one) is the only copy left.
+    REJECTED_BY_CLOUD = "rejected_by_cloud"
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from edge_relay import settings as settings_mod
+from edge_relay.budget.model import PRESET_COUNTERS
 from edge_relay.budget.pacer import Pacer
 from edge_relay.budget.runtime import BudgetRuntime
 from edge_relay.encode import BatchEncoder
@@ -40,6 +41,7 @@ from edge_relay.status import StatusReport
 from edge_relay.uplink import Uplink
 from edge_relay.window import BatchWindow
 from relay_common.httpserver import MetricsServer
+from schemas.model import Batch
 
 log = logging.getLogger("edge_relay")
 
@@ -102,32 +104,19 @@ class Relay:
         self.ledger = LossLedger(self.spool.losses)
         self.metrics.spool_max_bytes.set(s.spool_max_bytes)
         self.metrics.attach_ledger(self.ledger.totals)
-        if self.spool.recovery is not None:
-            r = self.spool.recovery
-            series = f"file moved aside to {r.moved_to.name}; {r.salvaged_rows} rows salvaged"
-            self.ledger.record(LossReason.SPOOL_FILE_CORRUPT, series, 0, 0, 0)
         self.loops = [TargetLoop(t, s, self.metrics) for t in s.targets]
         self.encoder = BatchEncoder(
-            s.cluster, s.node, max_bytes=s.batch_max_bytes, zstd_level=s.zstd_level, version=s.format_version
+            s.cluster,
+            s.node,
+            max_bytes=s.batch_max_bytes,
+            zstd_level=s.zstd_level,
+            version=s.format_version,
+            incarnation=self.spool.incarnation,
         )
         self.inflight = InFlight()
-        self.retention = Retention(
-            self.spool,
-            Policy(
-                cap_bytes=s.spool_cap_bytes,
-                max_age_ms=int(s.spool_max_age_seconds * 1000),
-                max_factor=s.spool_max_degrade_factor,
-                interval_ms=int(s.interval_seconds * 1000),
-                busy_ms=int(s.mqtt.ack_timeout_seconds * 1000),
-            ),
-            encoder=self.encoder,
-            inflight=self.inflight,
-        )
-        self.sink = SpoolSink(self.spool, self.retention, self.ledger, self.encoder, self.metrics)
         # Paces the uplink (unlimited unless a budget configures it) and meters its connection's bytes.
         self.pacer = Pacer(self.metrics)
         self.budget: BudgetRuntime | None = None
-        self.window: BatchWindow | None = None
         if s.budget_file:
             self.budget = BudgetRuntime(
                 s.budget_file,
@@ -138,16 +127,32 @@ class Relay:
                 meta=self.spool.meta,
                 metrics=self.metrics,
             )
-            self.window = BatchWindow(
-                self.spool.staging,
-                self.sink,
-                self.encoder,
-                self.ledger,
-                cluster=s.cluster,
-                node=s.node,
-                window_ms=self.budget.window_ms,
-            )
-            self.window.resume()
+        self.retention = Retention(
+            self.spool,
+            Policy(
+                cap_bytes=s.spool_cap_bytes,
+                max_age_ms=int(s.spool_max_age_seconds * 1000),
+                max_factor=s.spool_max_degrade_factor,
+                interval_ms=int(s.interval_seconds * 1000),
+                busy_ms=int(s.mqtt.ack_timeout_seconds * 1000),
+                counters=PRESET_COUNTERS if self.budget is None else self.budget.counters,
+            ),
+            encoder=self.encoder,
+            inflight=self.inflight,
+        )
+        self.sink = SpoolSink(self.spool, self.retention, self.ledger, self.encoder, self.metrics)
+        # Built with or without a budget: cycles staged under an earlier, windowed budget (before a
+        # restart without one) must still be resumed and shipped, never left in staging for ever.
+        self.window = BatchWindow(
+            self.spool.staging,
+            self.sink,
+            self.encoder,
+            self.ledger,
+            cluster=s.cluster,
+            node=s.node,
+            window_ms=self.budget.window_ms if self.budget is not None else int(s.interval_seconds * 1000),
+        )
+        self.window.resume()
         controller = self.budget.controller if self.budget is not None else None
         self.status = StatusReport(self.spool, self.ledger, controller)
         self.uplink = Uplink(
@@ -173,7 +178,7 @@ class Relay:
         """One cycle's scrapes into the spool: staged in the open batch window, or as batches of their
         own. Returns the samples spooled."""
         budget, window = self.budget, self.window
-        if budget is not None and window is not None and budget.windowed:
+        if budget is not None and budget.windowed:
             window.window_ms = budget.window_ms  # a reload may have changed it
             try:
                 spooled, packed = window.add(shaped)
@@ -183,8 +188,18 @@ class Relay:
                 return 0
             budget.produced(packed)
             return spooled
+        if window.open:
+            # Staged under a windowed budget no longer in force (a restart without a budget, a window
+            # reloaded down to one interval): pack them now, before this cycle, so they go out first.
+            try:
+                packed = window.pack()
+            except SpoolError as e:
+                log.error("cannot pack the staged cycles now (%s): trying again next cycle", e)
+            else:
+                if budget is not None:
+                    budget.produced(packed)
         spooled = 0
-        for batch in self.encoder.build(shaped):
+        for batch in self._build(shaped):
             size = self.sink.append(batch)
             if size is not None:
                 spooled += batch.sample_count
@@ -192,18 +207,47 @@ class Relay:
                     budget.produced(size)
         return spooled
 
+    def _build(self, shaped: list[ShapedScrape]) -> list[Batch]:
+        """The cycle's batches. When the codec refuses the cycle as a whole, it goes scrape by scrape
+        (as ``BatchWindow._encode`` does with a window): a scrape the codec refuses alone is recorded
+        as ``encode_error``, and the other scrapes of the cycle still go out."""
+        try:
+            return self.encoder.build(shaped)
+        except ValueError as e:
+            log.error("cannot encode this cycle as one batch (%s): spooling it scrape by scrape", e)
+        batches, refused = self.encoder.build_each(shaped)
+        for scrape, error in refused:
+            log.error(
+                "dropping %d samples of %s that cannot be encoded: %s", len(scrape), scrape.target, error
+            )
+            ts = scrape.timestamp_ms
+            self.ledger.record(LossReason.ENCODE_ERROR, f'{{job="{scrape.target}"}}', ts, ts, len(scrape))
+        return batches
+
+    def _record_dropped(self, shaped: list[ShapedScrape]) -> None:
+        """What ``TargetShaper`` dropped sample by sample, into the loss ledger."""
+        for s in shaped:
+            job, ts = f'{{job="{s.target}"}}', s.timestamp_ms
+            for reason, samples in (
+                (LossReason.DUPLICATE_SERIES, s.duplicates),
+                (LossReason.LABEL_LIMITS, s.over_label_limits),
+                (LossReason.INVALID_TIMESTAMP, s.invalid_timestamps),
+            ):
+                if samples:
+                    self.ledger.record(reason, job, ts, ts, samples)
+
     def cycle(self) -> int:
         """One scrape of every target, spooled. Returns the number of samples spooled."""
         shaped = list(self.pool.map(lambda loop: loop.run_once(), self.loops))
         self.ledger.flush()
-        for s in shaped:
-            job, ts = f'{{job="{s.target}"}}', s.timestamp_ms
-            if s.duplicates:
-                self.ledger.record(LossReason.DUPLICATE_SERIES, job, ts, ts, s.duplicates)
-            if s.over_label_limits:
-                self.ledger.record(LossReason.LABEL_LIMITS, job, ts, ts, s.over_label_limits)
+        self._record_dropped(shaped)
         if self.budget is not None:
             shaped = self.budget.shape(shaped, int(time.time() * 1000))
+            # Only what the budget's classes dropped: its outputs copy the counts recorded above.
+            for s in shaped:
+                if s.repeated_timestamps:
+                    job, ts = f'{{job="{s.target}"}}', s.timestamp_ms
+                    self.ledger.record(LossReason.DUPLICATE_SAMPLE, job, ts, ts, s.repeated_timestamps)
         spooled = self._spool(shaped)
         try:
             self.retention.enforce(int(time.time() * 1000))
@@ -236,17 +280,16 @@ class Relay:
 
     def shutdown(self, drain_seconds: float = 5.0) -> None:
         self.stop_event.set()
-        if self.budget is not None:
-            # Open aggregation windows and the open batch window leave now, not after a restart.
-            try:
+        # Open aggregation windows and the open batch window leave now, not after a restart.
+        try:
+            if self.budget is not None:
                 closed = self.budget.flush_all()
                 if closed is not None:
                     self._spool([closed])
-                if self.window is not None:
-                    self.window.pack()
-                self.uplink.kick()
-            except SpoolError as e:
-                log.error("cannot close the open windows on shutdown: %s", e)
+            self.window.pack()
+            self.uplink.kick()
+        except SpoolError as e:
+            log.error("cannot close the open windows on shutdown: %s", e)
         self.uplink.stop(drain_seconds)
         self.pool.shutdown(wait=True)
         for loop in self.loops:

@@ -12,7 +12,8 @@ Downsampling keeps real samples at their real timestamps (no synthetic values), 
 original and its downsampled copy never disagree at the receiver:
 - per series, the first sample and the last sample of each window of ``factor x interval``;
 - every stale marker, and the sample just before one (a series' last value);
-- for counters (``_total``, ``_count``, ``_sum``, ``_bucket``), the sample before each reset, so
+- for counters (``_total``, ``_count``, ``_sum``, ``_bucket``, and the counters the budget presets and
+  classes name, such as ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``), the sample before each reset, so
   ``rate()`` and ``increase()`` over the coarser data stay exact across resets.
 """
 
@@ -24,6 +25,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from edge_relay.budget.model import PRESET_COUNTERS, is_counter
 from edge_relay.encode import WIDEST_SEQ, BatchEncoder
 from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.spool import InFlight, Order, Replacement, Spool, SpoolRow
@@ -32,7 +34,6 @@ from schemas.model import Batch, Labels, ScrapeBlock, is_stale, metric_name
 
 log = logging.getLogger("edge_relay.retention")
 
-COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
 _GROUP_ROWS = 16  # batches merged in one degrade step
 _MAX_STEPS = 8  # degrade/evict steps per cycle, so a long backlog never stalls scraping
 
@@ -44,6 +45,7 @@ class Policy:
     max_factor: int  # 1 = never downsample, evict straight away
     interval_ms: int  # the scrape interval: resolution factor 1
     busy_ms: int  # rows published this recently may be in flight: leave them alone
+    counters: frozenset[str] = PRESET_COUNTERS  # counters without a counter suffix
 
 
 def describe(batches: Sequence[Batch]) -> str:
@@ -55,7 +57,7 @@ def describe(batches: Sequence[Batch]) -> str:
 
 
 def downsample(
-    batches: Sequence[Batch], factor: int, interval_ms: int
+    batches: Sequence[Batch], factor: int, interval_ms: int, counters: frozenset[str] = PRESET_COUNTERS
 ) -> tuple[list[ScrapeBlock], list[Labels], int]:
     """Blocks at the coarser resolution, their label table, and how many samples were merged away."""
     window = max(1, factor * interval_ms)
@@ -69,7 +71,7 @@ def downsample(
     by_ts: dict[int, list[tuple[Labels, float]]] = defaultdict(list)
     kept = 0
     for labels, points in series.items():
-        counter = metric_name(labels).endswith(COUNTER_SUFFIXES)
+        counter = is_counter(metric_name(labels), counters)
         ordered = sorted(points.items())
         for j, (ts, value) in enumerate(ordered):
             if j + 1 < len(ordered):
@@ -189,7 +191,7 @@ class Retention:
             # Cannot happen for rows that passed their CRC; if it does, do not loop on them.
             log.error("cannot re-downsample spool rows: %s", e)
             return False
-        blocks, table, merged = downsample(batches, level * 2, p.interval_ms)
+        blocks, table, merged = downsample(batches, level * 2, p.interval_ms, p.counters)
         replacements = self._encode(blocks, table)
         first = min(r.first_ts_ms for r in group)
         last = max(r.last_ts_ms for r in group)

@@ -85,6 +85,12 @@ class RelayMetrics:
             ["result"],
             registry=r,
         )
+        self.acks_ignored = Counter(
+            "edge_relay_acks_ignored_total",
+            "Acks the relay did not apply, by reason (other_incarnation: for a spool since recreated).",
+            ["reason"],
+            registry=r,
+        )
         self.inflight = Gauge(
             "edge_relay_inflight_batches", "Batches published and not yet acked.", registry=r
         )

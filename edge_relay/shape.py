@@ -9,7 +9,17 @@ What it does, per target and scrape, the way a Prometheus server does at scrape 
   previous scrape, and for every series when the scrape failed;
 - drops a second sample of the same series in one scrape (Prometheus drops it too), counted;
 - drops series the cloud would refuse (more labels or longer label values than the wire limits),
-  counted, instead of letting one bad series fail the whole batch.
+  counted, instead of letting one bad series fail the whole batch;
+- drops samples whose own timestamp the wire cannot carry (negative: `bad_metric 1 -1`), counted.
+
+Why the validation lives here: this is the last stage that sees one scrape of one target, sample by
+sample. Past it, samples travel as whole scrapes, cycles and windows, and the codec refuses a batch as
+a whole: one bad sample would take its cycle (and with a budget, its batch window) with it. The checks
+are the codec's own (``schemas.codec.SeriesChecker``, ``timestamp_in_range``), not a copy, so the
+edge drops exactly what the wire would refuse and nothing more; the relay records the counts in the
+loss ledger (``label_limits``, ``invalid_timestamp``). Whatever the codec still refuses later (a whole
+scrape, e.g. one series alone over ``batch.max_bytes``) is the encoder's fallback's business
+(``encode_error``).
 
 Samples that carry their own timestamp keep it and get no stale marker (as in Prometheus).
 
@@ -23,7 +33,7 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from schemas.codec import DEFAULT_LIMITS, Limits
+from schemas.codec import DEFAULT_LIMITS, Limits, SeriesChecker, timestamp_in_range
 from schemas.model import STALE_NAN, Labels
 
 ParsedSample = tuple[Labels, float, int | None]
@@ -40,6 +50,10 @@ class ShapedScrape:
     stale_markers: int = 0
     duplicates: int = 0
     over_label_limits: int = 0
+    invalid_timestamps: int = 0  # own timestamps the wire cannot carry (ledger: invalid_timestamp)
+    # Samples a stateful budget class dropped because their series' own timestamp did not advance
+    # (ledger: duplicate_sample); set by ``BudgetShaper`` only.
+    repeated_timestamps: int = 0
 
     def __len__(self) -> int:
         return len(self.values)
@@ -61,6 +75,7 @@ class TargetShaper:
         self.target_labels = dict(sorted(target_labels.items()))
         self.fill_labels = dict(sorted(fill_labels.items()))
         self._decorated: dict[Labels, Labels | None] = {}
+        self._checker = SeriesChecker(limits)
         self._previous: set[Labels] = set()
         base = {**self.fill_labels, **self.target_labels}
         self._up = self._synthetic(base, "up")
@@ -90,21 +105,14 @@ class TargetShaper:
         for name, value in self.fill_labels.items():
             result.setdefault(name, value)
         decorated: Labels | None = tuple(sorted(result.items()))
-        if not self._within_limits(decorated):
+        # Checked once per series (the result is cached): the codec's own rules, limits among them.
+        if self._checker.labels_error(decorated) is not None:
             decorated = None
         if len(self._decorated) > 4 * max(len(self._previous), 50_000):
             self._decorated.clear()  # bound memory under series churn
+            self._checker = SeriesChecker(self.limits)  # it remembers label names: bound it too
         self._decorated[labels] = decorated
         return decorated
-
-    def _within_limits(self, labels: Labels) -> bool:
-        lim = self.limits
-        if len(labels) > lim.max_labels_per_series:
-            return False
-        return all(
-            len(n.encode()) <= lim.max_label_name_bytes and len(v.encode()) <= lim.max_label_value_bytes
-            for n, v in labels
-        )
 
     def shape(
         self,
@@ -121,6 +129,10 @@ class TargetShaper:
         seen: set[Labels] = set(self._reserved)
         decorate = self.decorate
         for labels, value, ts in samples or ():
+            if ts is not None and not timestamp_in_range(ts):
+                # Before the series is claimed: the bad sample alone goes, nothing else of its scrape.
+                out.invalid_timestamps += 1
+                continue
             final = decorate(labels)
             if final is None:
                 out.over_label_limits += 1

@@ -7,10 +7,12 @@ Delivery contract: a batch is published with QoS 1 on ``<prefix>/v1/<cluster>/<n
 spool row is deleted only when the cloud's *application* ack for (node, seq) arrives on the ack topic,
 which is subscribed with QoS 1 in a persistent session, so acks sent while the relay is away are
 kept by the broker. A batch whose ack does not come within ``ack_timeout_seconds`` is published
-again; the ingester's writes are idempotent, so a duplicate costs bytes, never correctness.
+again; the ingester's writes are idempotent, so a duplicate costs bytes, never correctness. An ack
+``rejected`` (the cloud refused the batch for good) deletes the row too, but together with a loss-ledger
+entry (``rejected_by_cloud``) naming its jobs, time range and samples.
 
 The uplink sees the spool only as a ``SendQueue`` (what to send next given the ``InFlight`` set, sent,
-acked, set aside) and reports through a ``StatusSource``; all three are built by the relay before it.
+acked, refused, set aside) and reports through a ``StatusSource``; all three are built by the relay before it.
 Every publication goes through the ``edge_relay.budget.pacer.Pacer`` (given by the relay, shared with the
 budget controller; unlimited without a budget), which also meters the connection's bytes after every
 network-loop turn.
@@ -23,6 +25,7 @@ import logging
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
@@ -30,13 +33,15 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from edge_relay.budget.pacer import Pacer
-from edge_relay.ledger import LossReason
+from edge_relay.ledger import LossReason, LossRecord
+from edge_relay.retention import describe
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
-from edge_relay.spool import InFlight, SendQueue, SpoolError
+from edge_relay.spool import InFlight, SendQueue, SpoolError, SpoolRow
 from relay_common.backoff import Backoff
 from relay_common.mqtt_tls import tls_configure
 from schemas import codec, topics
+from schemas.codec import AckResult
 
 log = logging.getLogger("edge_relay.uplink")
 
@@ -48,6 +53,44 @@ _PUMP_EVERY_S = 1.0
 # idle, so an idle relay wakes 4 times a second instead of 20 (an edge CPU is not free).
 _TURN_BUSY_S = 0.05
 _TURN_IDLE_S = 0.25
+
+
+def _describe_row(row: SpoolRow) -> str:
+    """The jobs of a spool row's series, for its ledger entry (the seq if the payload does not decode)."""
+    try:
+        return describe([codec.decode_batch(row.payload)])
+    except codec.DecodeError:
+        return f"spool seq {row.seq}"
+
+
+@dataclass(frozen=True, slots=True)
+class AppliedAck:
+    ignored: bool  # for another spool incarnation: nothing was done
+    latencies: list[float] = field(default_factory=list)  # seconds since publication, of acked batches
+    refused: list[tuple[AckResult, LossRecord]] = field(default_factory=list)  # rows refused, as ledgered
+
+
+def apply_ack(queue: SendQueue, inflight: InFlight, ack: codec.Ack, now: float) -> AppliedAck:
+    """What one ack does to the spool: ``ok`` deletes the row; ``rejected`` deletes it together with
+    its loss ledger entry (retrying would only loop; deleting silently would lose data without a
+    trace); an ack of another spool incarnation does nothing at all. Every acked seq leaves the
+    in-flight set. Raises SpoolError when the spool cannot apply it (the rows stay; the batches are
+    published again and acked again)."""
+    if not queue.applies(ack.incarnation):
+        return AppliedAck(ignored=True)
+    latencies: list[float] = []
+    for result in ack.results:
+        sent = inflight.pop(result.seq)
+        if sent is not None:
+            latencies.append(now - sent)
+    queue.acked([r.seq for r in ack.results if r.result != "rejected"])
+    refused: list[tuple[AckResult, LossRecord]] = []
+    for result in ack.results:
+        if result.result == "rejected":
+            loss = queue.refused(result.seq, _describe_row)
+            if loss is not None:
+                refused.append((result, loss))
+    return AppliedAck(False, latencies, refused)
 
 
 class StatusSource(Protocol):
@@ -285,22 +328,36 @@ class Uplink:
         if ack.node != self.node:
             log.error("ignoring ack for node %r on %s (this is %r)", ack.node, message.topic, self.node)
             return
-        now = time.monotonic()
-        done: list[int] = []
-        for result in ack.results:
-            sent = self.inflight.pop(result.seq)
-            if sent is not None:
-                self.metrics.ack_latency.observe(now - sent)
-            if result.result == "rejected":
-                # The cloud keeps it in its dead-letter store; retrying would only loop.
-                log.error("cloud rejected batch seq=%d: %s", result.seq, result.reason)
-            self.metrics.acked.labels(result.result).inc()
-            done.append(result.seq)
         try:
-            self.queue.acked(done)
+            applied = apply_ack(self.queue, self.inflight, ack, time.monotonic())
         except (SpoolError, sqlite3.Error) as e:
             # The rows stay; their acks will come again when the batches are re-published.
             log.error("cannot delete acked rows from the spool: %s", e)
+            applied = None
+        if applied is not None and applied.ignored:
+            self.metrics.acks_ignored.labels("other_incarnation").inc()
+            log.warning(
+                "ignoring an ack for seq(s) %s of spool incarnation %d (this spool is %d): it was queued "
+                "for a spool that has since been recreated",
+                ",".join(str(r.seq) for r in ack.results[:5]),
+                ack.incarnation,
+                self.queue.incarnation,
+            )
+            return
+        if applied is not None:
+            for latency in applied.latencies:
+                self.metrics.ack_latency.observe(latency)
+            for result in ack.results:
+                self.metrics.acked.labels(result.result).inc()
+            for result, loss in applied.refused:
+                log.error(
+                    "cloud rejected batch seq=%d (%d samples of %s, in the loss ledger as %s): %s",
+                    result.seq,
+                    loss.samples,
+                    loss.series,
+                    loss.reason,
+                    result.reason,
+                )
         self._publish_inflight()
         self._wake.set()
 

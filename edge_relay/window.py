@@ -3,7 +3,8 @@
 A label set is the expensive part of a sample on the wire, so with a budget one batch carries a whole
 window of scrapes (each label set once, values as deltas over time). Each cycle is staged durably in the
 spool as it is scraped (``add``), so a kill -9 inside the window loses nothing; ``resume`` picks the
-staged cycles up after a restart. When the window closes (a cycle of the next window arrives, or the
+staged cycles up after a restart, with or without a budget (a relay that is not windowed, or no longer,
+packs them at its next cycle). When the window closes (a cycle of the next window arrives, or the
 window's time is up: ``close_if_due``) its cycles are packed into batches (``pack``) that replace the
 staged rows in one spool transaction. Windows are aligned to wall time with a per-node offset, so a
 fleet does not publish all at the same second.
@@ -146,16 +147,13 @@ class BatchWindow:
         except ValueError as e:
             # A window the codec refuses must not stay open for ever: ship it cycle by cycle instead.
             log.error("cannot encode the batch window as one batch (%s): sending it cycle by cycle", e)
-        batches: list[Batch] = []
-        for scrape in window:
-            try:
-                batches += self._encoder.build([scrape])
-            except ValueError as e2:
-                log.error(
-                    "dropping %d samples of %s that cannot be encoded: %s", len(scrape), scrape.target, e2
-                )
-                ts = scrape.timestamp_ms
-                losses.append(
-                    LossRecord(LossReason.ENCODE_ERROR, f'{{job="{scrape.target}"}}', ts, ts, len(scrape))
-                )
+        batches, refused = self._encoder.build_each(window)
+        for scrape, error in refused:
+            log.error(
+                "dropping %d samples of %s that cannot be encoded: %s", len(scrape), scrape.target, error
+            )
+            ts = scrape.timestamp_ms
+            losses.append(
+                LossRecord(LossReason.ENCODE_ERROR, f'{{job="{scrape.target}"}}', ts, ts, len(scrape))
+            )
         return batches

@@ -61,6 +61,9 @@ class Batch:
     seq: int
     labelsets: list[Labels]
     scrapes: list[ScrapeBlock]
+    # The identity of the spool file the batch was stored in (0: none given). Seqs count per spool
+    # file, so (incarnation, seq) names a batch across a spool that was recreated.
+    incarnation: int = 0
 
     @property
     def sample_count(self) -> int:

@@ -977,3 +977,43 @@ def test_status_size_limit() -> None:
     with pytest.raises(DecodeError) as dec:
         codec.decode_status(json.dumps(status).encode())
     assert dec.value.reason == "oversized"
+
+
+# --------------------------------------------------------------------------------------------------
+# spool incarnation (optional header key "inc", echoed in acks)
+
+
+@pytest.mark.parametrize("version", [codec.FORMAT_V1, codec.FORMAT_V2])
+def test_incarnation_travels_in_the_header_and_only_when_given(version: int) -> None:
+    batch = small_batch()
+    plain = codec.encode_batch(batch, version=version)
+    assert codec.peek_header(plain).incarnation == 0 and codec.decode_batch(plain).incarnation == 0
+    batch.incarnation = 2**62 + 7
+    stamped = codec.encode_batch(batch, version=version)
+    assert codec.peek_header(stamped).incarnation == 2**62 + 7
+    assert codec.decode_batch(stamped).incarnation == 2**62 + 7
+    assert codec.peek_header(codec.with_seq(stamped, 99)).incarnation == 2**62 + 7
+    # A batch without one encodes exactly as before (the golden vectors stay valid).
+    assert b"inc" not in plain
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2**63, "7", True, 1.5])
+def test_a_bad_incarnation_is_refused(bad: object) -> None:
+    header = msgpack.unpackb(codec.encode_batch(small_batch())[4:], raw=False)
+    header["inc"] = bad
+    data = codec.MAGIC + bytes((codec.FORMAT_V2,)) + msgpack.packb(header, use_bin_type=True)
+    with pytest.raises(codec.DecodeError) as e:
+        codec.decode_batch(data)
+    assert e.value.reason == "bad_header"
+
+
+def test_ack_carries_the_incarnation_only_when_given() -> None:
+    results = [AckResult(1, "ok"), AckResult(2, "rejected", "bad_index")]
+    assert "inc" not in json.loads(codec.encode_ack("n", results))  # older relays refuse unknown keys
+    data = codec.encode_ack("n", results, incarnation=12345)
+    assert json.loads(data)["inc"] == 12345
+    ack = codec.decode_ack(data)
+    assert (ack.incarnation, ack.results) == (12345, results)
+    for bad in (0, -3, 2**63, "12", None):
+        with pytest.raises(codec.DecodeError):
+            codec.decode_ack(json.dumps({"v": 1, "node": "n", "ok": [1], "inc": bad}).encode())

@@ -7,7 +7,7 @@ from array import array
 import msgpack
 import pytest
 
-from cloud_ingest.decode import Decoded, Refused, decode
+from cloud_ingest.decode import Decoded, Refused, decode, pin_identity
 from schemas import codec, topics
 from schemas.model import STALE_NAN, Batch, ScrapeBlock, float_bits
 
@@ -61,7 +61,11 @@ def test_valid_batch_decodes() -> None:
     assert (out.cluster, out.node) == (CLUSTER, NODE)
     assert out.batch.seq == 17
     assert out.batch.sample_count == 2
-    assert out.batch.labelsets == make_batch().labelsets
+    # The series carry the topic's cluster and node (the relay's add_node_labels would have added them).
+    assert out.batch.labelsets == [
+        tuple(sorted((*labels, ("cluster", CLUSTER), ("node", NODE)))) for labels in make_batch().labelsets
+    ]
+    assert out.identity_overridden == 0
     values = out.batch.scrapes[0].values
     assert values[0] == 123.5
     assert float_bits(values[1]) == float_bits(STALE_NAN)
@@ -199,3 +203,44 @@ def test_future_tolerance_boundary() -> None:
 
 def test_old_samples_are_accepted() -> None:
     assert run(TOPIC, payload(make_batch(ts=1))).batch.first_timestamp_ms == 1
+
+
+# -- every series carries the topic's cluster and node ------------------------------------------------
+
+
+def L(**pairs: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(pairs.items()))
+
+
+def test_series_of_another_node_are_written_under_the_topic_node() -> None:
+    """Only the header was compared with the topic: a node could write series labelled as another."""
+    labelsets = [
+        L(__name__="a", cluster=CLUSTER, node=NODE),  # honest: unchanged
+        L(__name__="b", cluster="other-cluster", node="other-node"),  # both overridden
+        L(__name__="c"),  # without them (add_node_labels: false): added
+        L(__name__="d", cluster=CLUSTER, node="other-node", exported_node="x"),  # prefixed again
+    ]
+    block = ScrapeBlock(NOW_MS - 5000, array("I", [0, 1, 2, 3]), array("d", [1, 2, 3, 4]))
+    batch = Batch(CLUSTER, NODE, 3, labelsets, [block])
+    out = run(TOPIC, payload(batch))
+    assert out.batch.labelsets == [
+        L(__name__="a", cluster=CLUSTER, node=NODE),
+        L(
+            __name__="b",
+            cluster=CLUSTER,
+            node=NODE,
+            exported_cluster="other-cluster",
+            exported_node="other-node",
+        ),
+        L(__name__="c", cluster=CLUSTER, node=NODE),
+        L(__name__="d", cluster=CLUSTER, node=NODE, exported_node="x", exported_exported_node="other-node"),
+    ]
+    assert out.identity_overridden == 2
+    # The samples still point at the same rows of the label table.
+    assert list(out.batch.scrapes[0].series) == [0, 1, 2, 3]
+
+
+def test_pin_identity_leaves_an_honest_batch_alone() -> None:
+    labelsets = [L(__name__="a", cluster="c", node="n", zone=str(i)) for i in range(3)]
+    out, overridden = pin_identity(labelsets, "c", "n")
+    assert out is labelsets and overridden == 0  # no copy: the fast path is one membership test each

@@ -139,7 +139,17 @@ def container(obj: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def volume(obj: dict[str, Any], name: str) -> dict[str, Any]:
-    return next(v for v in pod_spec(obj)["volumes"] if v["name"] == name)
+    for v in pod_spec(obj).get("volumes", []):
+        if v["name"] == name:
+            return v
+    # A StatefulSet's per-replica claim, mounted by its template's name.
+    claims = obj["spec"].get("volumeClaimTemplates", [])
+    return {"name": name, "claim": next(t for t in claims if t["metadata"]["name"] == name)}
+
+
+def gibibytes(quantity: str) -> int:
+    assert quantity.endswith("Gi"), quantity
+    return int(quantity[:-2]) * 2**30
 
 
 def mount_of(obj: dict[str, Any], cont: dict[str, Any], path: str) -> tuple[dict[str, Any], str]:
@@ -439,7 +449,7 @@ def test_bridge_sidecar_renders_the_shipped_template(tmp_path: Path) -> None:
 
 def test_cloud_objects_fit_together(tmp_path: Path) -> None:
     objs = build("cloud")
-    ingest = find(objs, "Deployment", "cloud-ingest")
+    ingest = find(objs, "StatefulSet", "cloud-ingest")
     c = container(ingest, "cloud-ingest")
     env = {e["name"]: e for e in c["env"]}
     assert env["CLOUD_INGEST_CLIENT_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -476,6 +486,13 @@ def test_cloud_objects_fit_together(tmp_path: Path) -> None:
     assert s.tls is not None and all((s.tls.ca_file, s.tls.cert_file, s.tls.key_file))
     for path in (s.tls.ca_file, s.tls.cert_file, s.tls.key_file):
         mount_of(ingest, c, path)
+    # Dead letters survive the pod: each replica's own claim, with room beyond the store's cap.
+    dead_letters, _ = mount_of(ingest, c, s.dead_letter_path)
+    assert "claim" in dead_letters, f"dead letters on {dead_letters}, not a PersistentVolumeClaim"
+    claim = dead_letters["claim"]["spec"]
+    assert claim["accessModes"] == ["ReadWriteOnce"]
+    assert s.dead_letter_max_bytes <= gibibytes(claim["resources"]["requests"]["storage"]) // 2
+    assert ingest["spec"]["serviceName"] == svc["metadata"]["name"]
 
     # Prometheus: the remote-write receiver on, the out-of-order window and every rule file loaded.
     prom = find(objs, "StatefulSet", "prometheus")
@@ -500,15 +517,25 @@ def test_cloud_objects_fit_together(tmp_path: Path) -> None:
     mosq_cfg = configmap(objs, "mosquitto-config")["data"]
     assert mosq_cfg["mosquitto.conf"] == (DEPLOY / "mosquitto/cloud/mosquitto.conf").read_text()
     assert mosq_cfg["acl"] == (DEPLOY / "mosquitto/cloud/acl").read_text()
+    assert mosq_cfg["ingest.acl"] == (DEPLOY / "mosquitto/cloud/ingest.acl").read_text()
     mc = container(broker, "mosquitto")
+    public = find(objs, "Service", "mosquitto")
+    assert public["spec"]["type"] == "LoadBalancer"
+    # The ingester listener is in-cluster only (ClusterIP), the edge listeners are public.
+    assert (
+        broker_svc["metadata"]["name"] == "mosquitto-ingest" and broker_svc["spec"].get("type") == "ClusterIP"
+    )
+    listeners = []
     for line in mosq_cfg["mosquitto.conf"].splitlines():
         word = line.split(" ", 1)
         if word[0] in ("cafile", "certfile", "keyfile", "acl_file", "password_file", "persistence_location"):
             mount_of(broker, mc, word[1].rstrip("/"))
         if word[0] == "listener":
+            listeners.append(int(word[1]))
             assert int(word[1]) in [p["containerPort"] for p in mc["ports"]]
-            assert int(word[1]) in [p["port"] for p in broker_svc["spec"]["ports"]]
-    assert find(objs, "Service", "mosquitto")["spec"]["type"] == "LoadBalancer"
+    public_ports = [p["port"] for p in public["spec"]["ports"]]
+    assert [p["port"] for p in broker_svc["spec"]["ports"]] == [s.mqtt_port]
+    assert sorted([*public_ports, s.mqtt_port]) == sorted(listeners)
 
     grafana_cm = configmap(objs, "grafana-dashboards")
     assert (
@@ -521,7 +548,7 @@ def test_cloud_objects_fit_together(tmp_path: Path) -> None:
 
 
 def scaleout_settings(objs: tuple[dict[str, Any], ...], tmp_path: Path) -> ingest_settings.Settings:
-    ingest = find(objs, "Deployment", "cloud-ingest")
+    ingest = find(objs, "StatefulSet", "cloud-ingest")
     c = container(ingest, "cloud-ingest")
     vol, key = mount_of(ingest, c, c["args"][c["args"].index("--config") + 1])
     cfg_file = tmp_path / "ingest.yaml"
@@ -567,7 +594,7 @@ def test_scaleout_replaces_mosquitto_and_scales_the_ingesters(name: str, tmp_pat
     assert not [o for o in objs if o["metadata"]["name"].startswith("mosquitto")]
     assert "mosquitto-tls" not in json.dumps(objs) and "mosquitto-passwords" not in json.dumps(objs)
 
-    ingest = find(objs, "Deployment", "cloud-ingest")
+    ingest = find(objs, "StatefulSet", "cloud-ingest")
     c = container(ingest, "cloud-ingest")
     env = {e["name"]: e for e in c["env"]}
     assert env["CLOUD_INGEST_CLIENT_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
@@ -587,7 +614,7 @@ def test_scaleout_replaces_mosquitto_and_scales_the_ingesters(name: str, tmp_pat
     assert hpa["apiVersion"] == "autoscaling/v2"
     assert hpa["spec"]["scaleTargetRef"] == {
         "apiVersion": "apps/v1",
-        "kind": "Deployment",
+        "kind": "StatefulSet",
         "name": "cloud-ingest",
     }
     lo, hi = hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]

@@ -490,6 +490,23 @@ def test_batches_of_two_nodes_written_to_prometheus_and_acked(
     assert ingester.dead_letters.list() == []
 
 
+def test_acks_echo_the_batch_incarnation_and_only_when_it_has_one(
+    prometheus: Prometheus, edge: Edge, ingesters: Ingesters
+) -> None:
+    ingesters.start(prometheus.remote_write_url, "incarnation")
+    base = now_ms() - 60_000
+    stamped = make_batch("node-inc", 1, base)
+    stamped.incarnation = 987_654_321
+    edge.publish_batch(stamped)
+    edge.publish_batch(make_batch("node-old", 1, base))  # a relay that predates incarnations
+    assert edge.wait_result("node-inc", 1) == AckResult(1, "ok")
+    assert edge.wait_result("node-old", 1) == AckResult(1, "ok")
+    with edge._lock:
+        by_topic = {t: ack for t, ack in edge.acks}
+    assert by_topic[topics.ack_topic(PREFIX, CLUSTER, "node-inc")].incarnation == 987_654_321
+    assert by_topic[topics.ack_topic(PREFIX, CLUSTER, "node-old")].incarnation == 0
+
+
 # -- 2. retries: 5xx then 2xx, 429 with Retry-After ------------------------------------------------------
 
 

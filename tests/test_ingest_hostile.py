@@ -56,7 +56,7 @@ from test_ingest import receivers as receivers
 
 from cloud_ingest import settings as settings_mod
 from cloud_ingest.deadletter import REFUSED_KEPT_PER_NODE_REASON, DeadLetterStore
-from cloud_ingest.decode import Decoded, Refused, decode
+from cloud_ingest.decode import Decoded, Refused, decode, pin_identity
 from cloud_ingest.service import Ingester
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
@@ -237,7 +237,9 @@ def test_valid_batches_decode_unchanged(batch: Batch, version: int | None) -> No
     assert isinstance(result, Decoded), result
     got = result.batch
     assert (got.cluster, got.node, got.seq) == (batch.cluster, batch.node, batch.seq)
-    assert samples_of(got) == samples_of(batch)
+    # Unchanged but for the topic's cluster and node on every series (pinned by the ingester).
+    pinned, _ = pin_identity(list(batch.labelsets), CLUSTER, NODE)
+    assert samples_of(got) == samples_of(Batch(batch.cluster, batch.node, batch.seq, pinned, batch.scrapes))
 
 
 # -- arbitrary bytes -------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -34,6 +35,7 @@ from testkit.stack import Program, SimulatorProcess, ingest_config, program, rel
 ROOT = Path(__file__).resolve().parent.parent
 CLOUD_CONF = ROOT / "deploy/mosquitto/cloud/mosquitto.conf"
 CLOUD_ACL = ROOT / "deploy/mosquitto/cloud/acl"
+CLOUD_INGEST_ACL = ROOT / "deploy/mosquitto/cloud/ingest.acl"
 BRIDGE_CONF = ROOT / "deploy/mosquitto/edge/bridge.conf"
 
 NODE_A = "edge-gpu-a"
@@ -152,6 +154,12 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 
 
 @pytest.fixture(scope="module")
+def ingest_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """The ingester CA: it signs only the ingester's certificate (the fleet CA signs the nodes')."""
+    return make_pki(tmp_path_factory.mktemp("ingest-pki"), [INGEST_IDENTITY], ca_name="ingester CA")
+
+
+@pytest.fixture(scope="module")
 def rogue_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     """Certificates from a CA the broker does not trust, with a legitimate-looking CN."""
     return make_pki(tmp_path_factory.mktemp("rogue"), [NODE_A], ca_name="rogue CA")
@@ -168,19 +176,40 @@ def substitute(text: str, replacements: dict[str, str], source: Path) -> str:
 
 
 class CloudBroker(ManagedProcess):
-    """deploy/mosquitto/cloud/mosquitto.conf + acl; ``port`` is the mTLS listener."""
+    """deploy/mosquitto/cloud/mosquitto.conf + acl + ingest.acl; ``port`` is the edge mTLS listener,
+    ``ingest_port`` the ingester listener."""
 
     name = "mosquitto-cloud"
     default_binary = Mosquitto.default_binary
     package = Mosquitto.package
 
-    def __init__(self, tmpdir: str | os.PathLike[str], *, pki: Pki, passwords: dict[str, str]) -> None:
+    def __init__(
+        self, tmpdir: str | os.PathLike[str], *, pki: Pki, ingest_pki: Pki, passwords: dict[str, str]
+    ) -> None:
         super().__init__(tmpdir)
         self.pki = pki
+        self.ingest_pki = ingest_pki
         self.passwords = passwords
-        self.password_port = free_port()
+        self.password_port = self.ingest_port = 0  # chosen by command(), distinct from self.port
+
+    def probe(self) -> bool:
+        # mosquitto opens its listeners one after another (each loads its certificates): ready when all are.
+        return all(_accepts(self.host, port) for port in (self.port, self.password_port, self.ingest_port))
+
+    def ingester(self, client_id: str) -> Probe:
+        """An ingester replica on its listener: the ingester CA's certificate, the broker's CA."""
+        cert, key = self.ingest_pki.cert(INGEST_IDENTITY), self.ingest_pki.key(INGEST_IDENTITY)
+        return connect(self.ingest_port, client_id, ca=self.pki.ca, cert=cert, key=key)
 
     def command(self) -> list[str]:
+        # Fresh for every start attempt, and distinct: free_port() may hand out one port twice.
+        taken = {self.port}
+        for attr in ("password_port", "ingest_port"):
+            port = free_port()
+            while port in taken:
+                port = free_port()
+            taken.add(port)
+            setattr(self, attr, port)
         password_file = self.dir / "passwords"
         # mosquitto_passwd refuses to write a file that does not exist yet without -c.
         password_file.write_text("")
@@ -188,7 +217,11 @@ class CloudBroker(ManagedProcess):
             _mosquitto_passwd(password_file, user, password)
         certs = self.dir / "certs"
         certs.mkdir(exist_ok=True)
-        for src, dst in ((self.pki.ca, "ca.crt"), (self.pki.cert("broker"), "tls.crt")):
+        for src, dst in (
+            (self.pki.ca, "ca.crt"),
+            (self.ingest_pki.ca, "ingest-ca.crt"),
+            (self.pki.cert("broker"), "tls.crt"),
+        ):
             (certs / dst).write_bytes(Path(src).read_bytes())
         (certs / "tls.key").write_bytes(Path(self.pki.key("broker")).read_bytes())
         data = self.dir / "data"
@@ -198,6 +231,8 @@ class CloudBroker(ManagedProcess):
             {
                 "listener 8883\n": f"listener {self.port} 127.0.0.1\n",
                 "listener 8884\n": f"listener {self.password_port} 127.0.0.1\n",
+                "listener 8885\n": f"listener {self.ingest_port} 127.0.0.1\n",
+                "/mosquitto/config/ingest.acl": str(CLOUD_INGEST_ACL),
                 "/mosquitto/certs/": f"{certs}/",
                 "/mosquitto/config/acl": str(CLOUD_ACL),
                 "/mosquitto/data/": f"{data}/",
@@ -210,6 +245,14 @@ class CloudBroker(ManagedProcess):
         path = self.dir / "mosquitto.conf"
         path.write_text(conf)
         return [self.binary, "-c", str(path)]
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        socket.create_connection((host, port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def _mosquitto_passwd(path: Path, user: str, password: str) -> None:
@@ -256,8 +299,10 @@ class EdgeBridge(ManagedProcess):
 
 
 @pytest.fixture
-def cloud_broker(make_service: ServiceFactory, pki: Pki) -> CloudBroker:
-    return make_service(CloudBroker, pki=pki, passwords={NODE_A: "secret-a", NODE_B: "secret-b"})
+def cloud_broker(make_service: ServiceFactory, pki: Pki, ingest_pki: Pki) -> CloudBroker:
+    return make_service(
+        CloudBroker, pki=pki, ingest_pki=ingest_pki, passwords={NODE_A: "secret-a", NODE_B: "secret-b"}
+    )
 
 
 # --- a small MQTT client that records what happened --------------------------------------------
@@ -345,9 +390,7 @@ def test_acl_pins_each_node_to_its_own_topics(
     cloud_broker: CloudBroker, pki: Pki, probes: list[Probe]
 ) -> None:
     port = cloud_broker.port
-    ingest = connect(
-        port, "ingest-1", ca=pki.ca, cert=pki.cert(INGEST_IDENTITY), key=pki.key(INGEST_IDENTITY)
-    )
+    ingest = cloud_broker.ingester("ingest-1")
     a = connect(port, "edge-relay-test-a", ca=pki.ca, cert=pki.cert(NODE_A), key=pki.key(NODE_A))
     b = connect(port, "edge-relay-test-b", ca=pki.ca, cert=pki.cert(NODE_B), key=pki.key(NODE_B))
     probes += [ingest, a, b]
@@ -393,6 +436,54 @@ def test_acl_pins_each_node_to_its_own_topics(
     assert {t for t, _ in a.messages} == {topic(NODE_A, "ack")}, a.messages
 
 
+def test_no_client_can_take_over_another_clients_session(
+    cloud_broker: CloudBroker, pki: Pki, probes: list[Probe]
+) -> None:
+    """A CONNECT with a client id in use disconnects its holder (and with a clean start wipes its
+    persistent session, with the acks queued in it). Node A tries every id it could guess."""
+    ingest = cloud_broker.ingester("cloud-ingest-0")
+    b = connect(cloud_broker.port, "edge-relay-test-b", ca=pki.ca, cert=pki.cert(NODE_B), key=pki.key(NODE_B))
+    probes += [ingest, b]
+    assert ingest.connected.is_set() and b.connected.is_set()
+    for stolen in ("edge-relay-test-b", NODE_B, "cloud-ingest-0", "edge-bridge-" + NODE_B):
+        thief = connect(cloud_broker.port, stolen, ca=pki.ca, cert=pki.cert(NODE_A), key=pki.key(NODE_A))
+        probes.append(thief)
+        assert thief.connected.is_set(), thief.connack  # let in, but under its own identity
+        time.sleep(0.5)
+        assert b.client.is_connected(), f"{stolen!r}: node B was disconnected"
+        assert ingest.client.is_connected(), f"{stolen!r}: the ingester was disconnected"
+    log = cloud_broker.log_path.read_text()
+    assert f"as {NODE_A} (p5, c1" in log, log[-2000:]  # every thief connected as itself
+    # A node certificate does not open the ingester listener, whatever client id it claims.
+    sneak = connect(
+        cloud_broker.ingest_port, "cloud-ingest-0", ca=pki.ca, cert=pki.cert(NODE_A), key=pki.key(NODE_A)
+    )
+    probes.append(sneak)
+    assert not sneak.connected.is_set()
+    time.sleep(0.3)
+    assert ingest.client.is_connected()
+
+
+def test_the_ingester_identity_has_node_rights_only_on_the_edge_listener(
+    cloud_broker: CloudBroker, pki: Pki, probes: list[Probe]
+) -> None:
+    """A fleet-CA certificate named like the ingester (CN cloud-ingest) is just another node there."""
+    fake = connect(
+        cloud_broker.port, "x", ca=pki.ca, cert=pki.cert(INGEST_IDENTITY), key=pki.key(INGEST_IDENTITY)
+    )
+    b = connect(cloud_broker.port, "b", ca=pki.ca, cert=pki.cert(NODE_B), key=pki.key(NODE_B))
+    ingest = cloud_broker.ingester("cloud-ingest-0")
+    probes += [fake, b, ingest]
+    assert fake.connected.is_set() and b.connected.is_set() and ingest.connected.is_set()
+    fake.subscribe(f"{PREFIX}/v1/+/+/batch")
+    ingest.subscribe(f"$share/ingest/{PREFIX}/v1/+/+/batch")
+    assert fake.publish(topic(NODE_B, "ack"), b"forged-ack") == NOT_AUTHORIZED
+    assert b.publish(topic(NODE_B, "batch"), b"b-batch") == 0
+    wait_until(lambda: ingest.received(topic(NODE_B, "batch")), message="B's batch at the real ingester")
+    time.sleep(0.3)
+    assert fake.received(topic(NODE_B, "batch")) == []
+
+
 def test_clients_without_a_trusted_certificate_are_refused(
     cloud_broker: CloudBroker, pki: Pki, rogue_pki: Pki, probes: list[Probe]
 ) -> None:
@@ -417,9 +508,7 @@ def test_username_and_password_over_tls_is_the_alternative(
     cloud_broker: CloudBroker, pki: Pki, probes: list[Probe]
 ) -> None:
     port = cloud_broker.password_port
-    ingest = connect(
-        cloud_broker.port, "ingest-1", ca=pki.ca, cert=pki.cert(INGEST_IDENTITY), key=pki.key(INGEST_IDENTITY)
-    )
+    ingest = cloud_broker.ingester("ingest-1")
     a = connect(port, "edge-relay-test-a", ca=pki.ca, username=NODE_A, password="secret-a")
     wrong = connect(port, "wrong", ca=pki.ca, username=NODE_A, password="secret-b")
     anonymous = connect(port, "anonymous", ca=pki.ca)
@@ -480,9 +569,9 @@ def _run_pipeline(
     )
     ingest_cfg = ingest_config(
         ingest_dir,
-        mqtt_port=cloud.port,
+        mqtt_port=cloud.ingest_port,
         remote_write_url=prom.remote_write_url,
-        mqtt__tls=_tls(pki, INGEST_IDENTITY),
+        mqtt__tls={**_tls(cloud.ingest_pki, INGEST_IDENTITY), "ca_file": pki.ca},
     )
     ingest = program("cloud-ingest", "cloud_ingest.cli", ingest_cfg, ingest_dir).start()
     relay = program("edge-relay", "edge_relay.cli", relay_cfg, relay_dir).start()
@@ -550,10 +639,10 @@ def test_relay_over_the_edge_bridge(
         sim.stop()
         assert relay.stop() == 0, relay.log_tail()
         assert ingest.stop() == 0, ingest.log_tail()
-    # The bridge connected with its stable client id, as the node (certificate CN), with a persistent
-    # session (c0: clean session off).
+    # The bridge connected as the node (certificate CN), which is also its client id on the edge
+    # listener, with a persistent session (c0: clean session off).
     cloud_log = cloud_broker.log_path.read_text()
-    assert f"as edge-bridge-{NODE_A} (p2, c0, k30, u'{NODE_A}')" in cloud_log, cloud_log[-3000:]
+    assert f"as {NODE_A} (p2, c0, k30, u'{NODE_A}')" in cloud_log, cloud_log[-3000:]
 
 
 # --- docker-compose.yml's two brokers ---------------------------------------------------------------

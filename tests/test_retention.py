@@ -64,6 +64,32 @@ def test_downsample_keeps_last_per_window_and_counter_resets() -> None:
     assert kept <= samples_of([batch_of({COUNTER: counter, GAUGE: gauge})])
 
 
+def test_preset_counters_without_a_suffix_keep_the_sample_before_a_reset() -> None:
+    # dcgm-exporter's energy counter has no _total suffix; the presets know it is a counter.
+    energy = L("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", job="dcgm", gpu="0")
+    pts = [(T0 + k * INTERVAL, float(v)) for k, v in enumerate([10, 20, 30, 5, 15, 25, 35, 45])]
+    blocks, table, _ = downsample([batch_of({energy: pts})], 2, INTERVAL)
+    kept = sorted(ts for labels, ts, _ in samples_of([Batch("c", "n", 1, table, blocks)]))
+    assert T0 + 2 * INTERVAL in kept  # 30, the value before the reset to 5
+    assert kept == [T0 + k * INTERVAL for k in (0, 1, 2, 3, 5, 7)]
+
+
+def test_degraded_backlog_keeps_the_relays_wire_format_and_batch_cap(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "spool.db")
+    fill(spool, 48)
+    size = spool.stats().bytes
+    relay_encoder = BatchEncoder("c", "n", max_bytes=8192, version=codec.FORMAT_V2)
+    Retention(spool, policy(cap_bytes=size // 2), encoder=relay_encoder).enforce(T0 + 10**6)
+    rows = spool.batches.pending(10_000)
+    degraded = set(spool.batches.resolution([r.seq for r in rows]).values()) - {1}
+    assert degraded, "something must have been re-downsampled"
+    for row in rows:
+        assert codec.peek_header(row.payload).version == codec.FORMAT_V2
+    factors = spool.batches.resolution([r.seq for r in rows])
+    assert all(r.byte_size <= 8192 for r in rows if factors[r.seq] > 1)
+    spool.close()
+
+
 def test_downsampled_counter_keeps_its_increase() -> None:
     rng = random.Random(3)
     value, points = 0.0, []

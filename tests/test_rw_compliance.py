@@ -2,9 +2,10 @@
 
 ``tests/test_write.py`` checks the protobuf encoding against the message classes (property test
 included), the snappy block format with cramjam, the retry policy against a scripted receiver
-(500/502/503/504/408 with capped exponential backoff and jitter, 429/503 Retry-After, no retry on
-400/401/403/404/409/413/415/422, connection refused, timeouts, garbage and 10 MB bodies) and a round
-trip through a real Prometheus; ``tests/test_write_too_old.py`` the "too old sample" 500. This file
+(500/502/503/504/408 with capped exponential backoff and jitter, 429/503 Retry-After, no retry on a
+400/409/422 naming bad samples, retries of configuration errors (3xx, 401, 403, 404, 405, 413, a 400
+naming no sample), connection refused, timeouts, garbage and 10 MB bodies) and a round trip through a
+real Prometheus; ``tests/test_write_too_old.py`` the "too old sample" 500. This file
 adds:
 
 - the headers a *configured* ingester sends (YAML -> settings -> ``Ingester.writer``), as a set: the
@@ -20,10 +21,11 @@ adds:
   marker) stored bit-exact, read back raw through Prometheus' remote-read API (PromQL hides stale
   markers; remote read loses the sign of -0, so that one is read through PromQL), written to a
   Prometheus *without* an out-of-order window (so per-series order is what the receiver enforces); a
-  corrupt body is a 400, not retried; a restarted Prometheus is written to again by the same client;
+  corrupt body is a 400 naming no sample: a configuration error, retried and never rejected; a restarted
+  Prometheus is written to again by the same client;
 - real VictoriaMetrics: the special values, timestamps and labels, with VM's storage model (decimals
-  of about 12 significant digits, plain NaN dropped, stale markers kept, no negative zero); a 400,
-  not retried.
+  of about 12 significant digits, plain NaN dropped, stale markers kept, no negative zero); its 400
+  for a corrupt body is retried like Prometheus'.
 """
 
 from __future__ import annotations
@@ -285,9 +287,9 @@ def test_one_client_survives_every_kind_of_failure_in_a_row() -> None:
         receiver.start()
         receiver.script.extend([Reply(500, b"boom")] * 4)  # 5xx until it gives up
         outcomes.append(client.write(small_batch(seq=2)))
-        receiver.script.append(Reply(400, b"bad labels"))
+        receiver.script.append(Reply(400, b"out of order sample"))
         outcomes.append(client.write(small_batch(seq=3)))
-        receiver.script.append(Reply(413, b"E" * 2_000_000))  # huge error body
+        receiver.script.extend([Reply(413, b"E" * 2_000_000)] * 4)  # huge error body, until it gives up
         outcomes.append(client.write(small_batch(seq=4)))
         receiver.script.extend([Reply(503), Reply(204, delay_s=1.0), Reply(502, b""), Reply(200, b"{}")])
         outcomes.append(client.write(small_batch(seq=5)))  # empty 503, timeout, empty 502, then 200
@@ -300,12 +302,12 @@ def test_one_client_survives_every_kind_of_failure_in_a_row() -> None:
         ("retry_later", None, 4),  # sleeps 1, 2, 4; another 4 s would end after 10 s
         ("retry_later", 500, 4),
         ("rejected", 400, 1),
-        ("rejected", 413, 1),
+        ("retry_later", 413, 4),  # a configuration error: retried like a 5xx, never rejected
         ("written", 200, 4),
         ("written", 204, 1),
     ]
     assert "ConnectionError" in outcomes[0].reason
-    assert outcomes[3].reason == "HTTP 413: " + "E" * 512
+    assert outcomes[3].reason.startswith("HTTP 413: " + "E" * 512 + " (gave up after")
 
 
 class TrickleReceiver:
@@ -481,16 +483,25 @@ def test_prometheus_restarted_is_written_to_again_by_the_same_client(make_servic
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("kind", ["prometheus", "victoriametrics"])
-def test_real_receiver_400_is_not_retried_and_the_sender_keeps_going(
+def test_real_receiver_400_for_a_corrupt_body_is_retried_never_rejected(
     make_service: ServiceFactory, kind: str
 ) -> None:
+    """A body the receiver cannot decode says nothing about the samples: deleting them would lose data
+    to our own bug. A configuration error: retried, counted, and the sender keeps going."""
     service = make_service(Prometheus) if kind == "prometheus" else make_service(VictoriaMetrics)
-    client = RemoteWriteClient(service.remote_write_url, backoff=Backoff(0.05, 0.2), max_retry_s=5.0)
+    config_errors: list[int] = []
+    client = RemoteWriteClient(
+        service.remote_write_url,
+        backoff=Backoff(0.05, 0.2),
+        max_retry_s=0.5,
+        on_config_error=config_errors.append,
+    )
     try:
         corrupt = client.write_body(b"this is not snappy at all")
-        assert (corrupt.status, corrupt.http_status, corrupt.attempts) == ("rejected", 400, 1), corrupt
+        assert (corrupt.status, corrupt.http_status) == ("retry_later", 400), corrupt
+        assert corrupt.attempts > 1 and config_errors == [400] * corrupt.attempts
         not_protobuf = client.write_body(bytes(cramjam.snappy.compress_raw(b"\xff\xff\xff garbage")))
-        assert (not_protobuf.status, not_protobuf.http_status, not_protobuf.attempts) == ("rejected", 400, 1)
+        assert (not_protobuf.status, not_protobuf.http_status) == ("retry_later", 400), not_protobuf
         assert client.write(small_batch((int(time.time()) - 60) * 1000)).status == "written"
     finally:
         client.close()

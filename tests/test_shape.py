@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 
 import pytest
@@ -388,3 +389,56 @@ def test_total_samples() -> None:
     sh = shaper()
     outs: Sequence[ShapedScrape] = [sh.shape(1000, samples((L("m"), 1.0)), 0.0), sh.shape(2000, None, 0.0)]
     assert total_samples(outs) == 4 + 4
+
+
+# --------------------------------------------------------------------------------------------------
+# Samples the wire would refuse, dropped one by one (issue 12 item 1)
+
+
+def test_a_negative_own_timestamp_drops_that_sample_alone() -> None:
+    sh = shaper()
+    before, bad, after = L("ok_before"), L("bad_metric"), L("ok_after", a="b")
+    out = sh.shape(1000, [(before, 1.0, None), (bad, 1.0, -1), (after, 3.0, 900)], 0.0)
+    assert out.invalid_timestamps == 1
+    assert out.labels == [sh.decorate(before), sh.decorate(after), *(decorated(n) for n in SYNTHETIC)]
+    assert out.timestamps == [1000, 900, 1000, 1000, 1000]
+    assert synthetic_value(out, "scrape_samples_scraped") == 3.0  # exposed, as Prometheus counts them
+    assert synthetic_value(out, "up") == 1.0
+    assert_encodable(out)
+
+
+def test_a_series_whose_timestamp_turns_bad_gets_its_stale_marker() -> None:
+    sh = shaper()
+    m = L("m")
+    sh.shape(1000, samples((m, 1.0)), 0.0)
+    out = sh.shape(2000, [(m, 2.0, -1)], 0.0)
+    assert out.invalid_timestamps == 1
+    assert stale(out) == {sh.decorate(m)}
+    assert_encodable(out)
+
+
+@pytest.mark.parametrize("ts", [-(2**63), -1, 0, 1, 2**63 - 1])
+def test_the_timestamp_rule_is_the_codecs(ts: int) -> None:
+    """The shape stage drops exactly the samples the codec would refuse."""
+    out = shaper().shape(1000, [(L("m"), 1.0, ts)], 0.0)
+    raw = ShapedScrape("kepler", 1000, [decorated("m")], array("d", [1.0]), [ts])
+    batch = to_batch("c1", "edge-1", [raw])
+    batch.seq = 1
+    try:
+        codec.validate_batch(batch)
+        refused = False
+    except codec.EncodeError as e:
+        assert e.reason == "bad_timestamp"
+        refused = True
+    assert out.invalid_timestamps == int(refused)
+    assert_encodable(out)
+
+
+def test_labels_the_codec_refuses_for_any_reason_are_dropped() -> None:
+    # The parser never produces this name; the shape stage asks the codec, not a copy of its limits.
+    sh = shaper()
+    bad = L("m", **{"bad-name": "v"})
+    out = sh.shape(1000, samples((bad, 1.0), (L("m", ok="1"), 2.0)), 0.0)
+    assert out.over_label_limits == 1
+    assert sh.decorate(bad) is None
+    assert_encodable(out)

@@ -314,13 +314,18 @@ def test_repeated_explicit_timestamps_are_not_sent_twice() -> None:
     shaper = BudgetShaper(budget(ClassPolicy("all", heartbeat_s=60)), INTERVAL_S)
     g = L("g")
     emitted: list[Sample] = []
+    repeated = 0
     for t, own in enumerate([1000, 1000, 900, 2000]):
         s = scrape(t * STEP, [(g, float(t))])
         s.timestamps = [own]
         out = shaper.shape(s)
         check_output(out)
         emitted += samples(out)
+        repeated += out.repeated_timestamps
     assert of(emitted, g) == [(1000, 0.0), (2000, 3.0)]
+    # Dropped, so a loss for the ledger (duplicate_sample), not shaping: never counted as merged.
+    assert repeated == 2
+    assert shaper.stats[0] == ClassStats(samples_in=2, samples_out=2)
     assert balanced(shaper.stats[0])
 
 
@@ -523,3 +528,79 @@ def test_stats_add_up() -> None:
     # Gauge: 3 windows of 4 samples, k-1 merged each; the unchanged average suppressed twice.
     assert (gs.samples_in, gs.samples_out, gs.suppressed, gs.merged) == (12, 1, 2, 9)
     assert balanced(cs) and balanced(gs)
+
+
+# --------------------------------------------------------------------------------------------------
+# The edge clock stepping back (issue 12 item 6)
+
+HOUR = 3_600_000
+
+
+def clock_budget() -> Budget:
+    return budget(
+        ClassPolicy("agg", matchers=by_name("g|c_total"), resolution_s=30, aggregation="avg"),
+        ClassPolicy("quiet", heartbeat_s=60),
+    )
+
+
+def run(shaper: BudgetShaper, stamps: Sequence[int], first: int = 0) -> tuple[list[Sample], int]:
+    """Cycles at ``stamps`` (scrape ``first + i`` at ``stamps[i]``), then a final flush; returns what was
+    emitted and how many samples were dropped as repeated timestamps."""
+    g, c, q = L("g"), L("c_total"), L("q")
+    emitted: list[Sample] = []
+    repeated = 0
+    for i, ts in enumerate(stamps, start=first):
+        out = shaper.shape(scrape(ts, [(g, float(i % 7)), (c, float(i)), (q, 1.0)]))
+        closed = shaper.flush(ts + 1)
+        check_output(out)
+        check_output(closed)
+        repeated += out.repeated_timestamps
+        emitted += samples(out) + samples(closed)
+    return emitted + final(shaper), repeated
+
+
+def test_clock_step_back_resets_state_and_drops_nothing() -> None:
+    t0 = 1_700_000_000_000
+    before = [t0 + i * STEP for i in range(120)]  # 10 minutes
+    # NTP steps the clock back an hour: the next hour of scrapes is "older" than every series' state.
+    after = [before[-1] + STEP - HOUR + i * STEP for i in range(HOUR // STEP)]
+    stepped = BudgetShaper(clock_budget(), INTERVAL_S)
+    emitted, repeated = run(stepped, before + after)
+    # The same as two relays: one that saw the scrapes before the step, one that started after it.
+    # Before the step every open window is closed and sent at its real timestamps; after it, the
+    # series are shaped as new ones (a counter's first value, suppression from scratch).
+    first, second = BudgetShaper(clock_budget(), INTERVAL_S), BudgetShaper(clock_budget(), INTERVAL_S)
+    expect_before, _ = run(first, before)
+    expect_after, _ = run(second, after, first=len(before))
+    assert repeated == 0
+    assert sorted(emitted) == sorted(expect_before + expect_after)
+    # The hour after the step is there: an average per 30 s window (today's code dropped them all).
+    assert len(of(expect_after, L("g"))) >= HOUR // 30_000
+    for i, got in enumerate(stepped.stats):
+        a, b = first.stats[i], second.stats[i]
+        assert got.samples_in == a.samples_in + b.samples_in == len(before + after) * (2 if i == 0 else 1)
+        assert (got.samples_out, got.suppressed, got.merged) == (
+            a.samples_out + b.samples_out,
+            a.suppressed + b.suppressed,
+            a.merged + b.merged,
+        )
+        assert balanced(got)
+
+
+def test_clock_step_back_only_restarts_the_target_it_happened_to() -> None:
+    # Targets are scraped in parallel and each is checked against its own last scrape time, so
+    # another target's scrape a moment earlier in the same cycle is no step.
+    shaper = BudgetShaper(budget(ClassPolicy("all", resolution_s=30)), INTERVAL_S)
+    a, b = L("a"), L("b", job="node")
+    emitted: list[Sample] = []
+    for t in range(4):
+        for target, labels, skew in (("kepler", a, 7), ("node", b, 0)):
+            out = shaper.shape(scrape(t * STEP + skew, [(labels, float(t))], target))
+            check_output(out)
+            emitted += samples(out)
+        closed = shaper.flush(t * STEP + 8)
+        check_output(closed)
+        emitted += samples(closed)
+    emitted += final(shaper)
+    assert of(emitted, a) == [(3 * STEP + 7, 3.0)]
+    assert of(emitted, b) == [(3 * STEP, 3.0)]

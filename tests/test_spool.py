@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.spool import (
     SCHEMA_VERSION,
     Replacement,
@@ -315,6 +316,55 @@ def test_partially_corrupt_file_salvages_valid_rows(spool_path: Path) -> None:
         assert put(spool) > max(originals)
 
 
+def test_incarnation_is_stable_per_file_and_new_for_a_new_file(tmp_path: Path) -> None:
+    with Spool(tmp_path / "a.db") as a:
+        first = a.incarnation
+        assert 0 < first < 2**63
+    with Spool(tmp_path / "a.db") as a:
+        assert a.incarnation == first  # reopened: the same file, the same identity
+    with Spool(tmp_path / "b.db") as b:
+        assert b.incarnation not in (0, first)  # a new file: seqs start again, so a new identity
+
+
+def test_a_salvaged_spool_keeps_its_incarnation(spool_path: Path) -> None:
+    """Salvaged rows carry the incarnation in their payloads: their acks must still delete them."""
+    rng = random.Random(5)
+    with Spool(spool_path, synchronous="OFF") as spool:
+        incarnation = spool.incarnation
+        for _ in range(200):
+            put(spool, rng.randbytes(rng.choice((50, 3000, 9000))))
+    size = spool_path.stat().st_size
+    with spool_path.open("r+b") as f:
+        f.seek(size // 2 // 4096 * 4096)
+        f.write(b"\xa5" * 4096 * 8)
+    with Spool(spool_path) as spool:
+        assert spool.recovery is not None and spool.recovery.salvaged_rows > 0
+        assert spool.incarnation == incarnation
+
+
+def test_recovery_keeps_the_loss_ledger_and_the_kept_integers_and_records_itself(spool_path: Path) -> None:
+    """A recovered spool must not read "data safe" after a loss, nor forget today's quota use."""
+    rng = random.Random(11)
+    with Spool(spool_path, synchronous="OFF") as spool:
+        assert spool.losses.record(LossRecord(LossReason.MAX_AGE, '{job="kepler"}', 1, 2, 345))
+        spool.meta.set({"budget_used_bytes": 6789, "budget_day": 739000})
+        for _ in range(200):
+            put(spool, rng.randbytes(rng.choice((50, 3000, 9000))))
+    size = spool_path.stat().st_size
+    with spool_path.open("r+b") as f:  # the batches' pages, not the small tables created first
+        f.seek(size // 2 // 4096 * 4096)
+        f.write(b"\xa5" * 4096 * 8)
+    with Spool(spool_path) as spool:
+        assert spool.recovery is not None
+        totals = spool.losses.totals()
+        assert totals["max_age"] == 345
+        assert "spool_file_corrupt" in totals
+        (entry,) = [e for e in spool.losses.entries() if e.reason == "spool_file_corrupt"]
+        assert f"{spool.recovery.salvaged_rows} rows salvaged" in entry.series
+        assert spool.meta.get("budget_used_bytes", 0) == 6789
+        assert spool.meta.get("budget_day", 0) == 739000
+
+
 def test_corruption_found_at_run_time_recovers(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
         old = [put(spool, b"z" * 5000) for _ in range(30)]
@@ -327,6 +377,8 @@ def test_corruption_found_at_run_time_recovers(spool_path: Path) -> None:
         recovery = spool.recovery
         assert recovery is not None and "pending" in recovery.reason
         assert put(spool) > max(old)
+        # Recorded in the fresh file's ledger at once, not only when the relay next starts.
+        assert "spool_file_corrupt" in spool.losses.totals()
 
 
 def test_newer_schema_is_refused_not_moved(spool_path: Path) -> None:

@@ -202,13 +202,16 @@ class FakeCloud:
     def count(self, seq: int) -> int:
         return self.seqs().count(seq)
 
-    def ack(self, seqs: list[int], result: AckResultKind = "ok", reason: str | None = None) -> None:
+    def ack(
+        self, seqs: list[int], result: AckResultKind = "ok", reason: str | None = None, incarnation: int = 0
+    ) -> None:
         """Publish one ack message for ``seqs`` and wait until the broker has it (PUBACK)."""
         results = [AckResult(s, result, reason) for s in seqs]
         with self._lock:
             for s in seqs:
                 self.acked[s] = result
-        info = self.client.publish(ACK_TOPIC, codec.encode_ack(NODE, results), qos=1)
+        payload = codec.encode_ack(NODE, results, incarnation=incarnation)
+        info = self.client.publish(ACK_TOPIC, payload, qos=1)
         info.wait_for_publish(5)
         assert info.is_published(), "the broker did not PUBACK the cloud's ack"
 
@@ -536,6 +539,44 @@ def test_ack_sent_while_relay_away_is_delivered_on_reconnect(
     wait_until(lambda: spool_seqs(spool) == seqs[1:], timeout=10, message="queued ack applied")
     assert acked_total(second.metrics, "ok") == 1
     assert cloud.acked == {seqs[0]: "ok"}
+
+
+def test_acks_queued_for_a_recreated_spool_delete_nothing(
+    mosquitto: Mosquitto,
+    tmp_path: Path,
+    make_cloud: Callable[..., FakeCloud],
+    make_uplink: Callable[..., Uplink],
+) -> None:
+    """A new spool file (an emptyDir after a rollout, a deleted file) starts at seq 1 again, while acks
+    for the old file's seqs may still wait in the relay's persistent session (same client id)."""
+    cloud = make_cloud(mosquitto)
+    cfg = mqtt_cfg(mosquitto.port)
+    old = Spool(tmp_path / "old.db")
+    assert append_rows(old, 2) == [1, 2]
+    first = make_uplink(cfg, old)
+    first.kick()
+    wait_until(lambda: cloud.distinct() == {1, 2}, timeout=10, message="the old spool's batches")
+    first.stop(0)
+    cloud.ack([1, 2], incarnation=old.incarnation)  # queued at the broker: the relay is away
+    old.close()
+
+    new = Spool(tmp_path / "new.db")
+    assert new.incarnation != old.incarnation
+    assert append_rows(new, 3) == [1, 2, 3]
+    second = make_uplink(cfg, new)
+    wait_until(
+        lambda: metric(second.metrics, "edge_relay_acks_ignored_total", reason="other_incarnation") == 1,
+        timeout=10,
+        message="the old incarnation's ack arrives and is ignored",
+    )
+    assert spool_seqs(new) == [1, 2, 3]
+    # Its own incarnation's acks apply, and so do acks without one (an ingester that predates it).
+    cloud.ack([1], incarnation=new.incarnation)
+    wait_until(lambda: spool_seqs(new) == [2, 3], timeout=10, message="own incarnation's ack applied")
+    cloud.ack([2])
+    wait_until(lambda: spool_seqs(new) == [3], timeout=10, message="an ack without incarnation applied")
+    second.stop(0)
+    new.close()
 
 
 # -- 7. retained status and last will ---------------------------------------------------------------

@@ -413,7 +413,7 @@ def test_custom_user_agent_and_200_with_body(receiver: MockReceiver, fake_time: 
 
 
 def test_keep_alive_reuses_one_connection(receiver: MockReceiver, fake_time: FakeTime) -> None:
-    receiver.script.extend([Reply(204), Reply(400, b"bad"), Reply(200, b"x" * 1000)])
+    receiver.script.extend([Reply(204), Reply(400, b"out of order sample"), Reply(200, b"x" * 1000)])
     client = make_client(receiver.url, fake_time)
     outcomes = [client.write(special_batch()).status for _ in range(4)]
     assert outcomes == ["written", "rejected", "written", "written"]
@@ -612,45 +612,125 @@ def test_truncated_2xx_body_still_counts_as_written(receiver: MockReceiver, fake
     assert (outcome.status, outcome.attempts) == ("written", 1)
 
 
-# -- HTTP: permanent rejections ------------------------------------------------------------------------
+# -- HTTP: sample-level rejections, and configuration errors that are never rejections --------------
 
 
-@pytest.mark.parametrize("code", [400, 401, 403, 404, 409, 413, 415, 422])
-def test_4xx_rejected_without_retry(receiver: MockReceiver, fake_time: FakeTime, code: int) -> None:
-    receiver.default = Reply(code, b"out of order sample\n")
-    outcome = make_client(receiver.url, fake_time).write(special_batch())
-    assert outcome == WriteOutcome(
-        "rejected", code, 1, f"HTTP {code}: out of order sample", outcome.elapsed_s
+SAMPLE_REJECTIONS = [
+    (400, b"out of order sample\n"),  # Prometheus without an out-of-order window
+    (400, b"out of bounds"),
+    (400, b"duplicate sample for timestamp"),
+    (400, b'too old sample: series {__name__="x"}'),
+    (400, b"err-mimir-sample-out-of-order: the sample has been rejected"),
+    (400, b"err-mimir-sample-timestamp-too-old"),
+    (400, b"err-mimir-sample-duplicate-timestamp"),
+    (400, b"err-mimir-too-far-in-future"),
+    (409, b"OUT_OF_ORDER sample"),
+    (422, b"samples out of bounds"),
+]
+
+
+@pytest.mark.parametrize(("code", "body"), SAMPLE_REJECTIONS)
+def test_sample_level_4xx_rejected_without_retry(
+    receiver: MockReceiver, fake_time: FakeTime, code: int, body: bytes
+) -> None:
+    receiver.default = Reply(code, body)
+    config_errors: list[int] = []
+    client = make_client(receiver.url, fake_time, on_config_error=config_errors.append)
+    outcome = client.write(special_batch())
+    reason = f"HTTP {code}: " + body.decode().strip()
+    assert outcome == WriteOutcome("rejected", code, 1, reason, outcome.elapsed_s)
+    assert len(receiver.received) == 1
+    assert fake_time.sleeps == [] and config_errors == []
+
+
+CONFIG_ERRORS = [
+    (301, b""),
+    (302, b""),
+    (307, b""),
+    (308, b""),
+    (400, b"snappy: corrupt input"),  # a body the receiver cannot decode: our bug, not bad samples
+    (400, b""),
+    (401, b"out of order sample"),  # the status decides first: credentials, whatever the body says
+    (403, b"forbidden"),
+    (404, b"404 page not found"),
+    (405, b"method not allowed"),
+    (409, b"conflict"),
+    (413, b"request entity too large"),
+    (415, b"unsupported media type"),
+    (422, b""),
+]
+
+
+@pytest.mark.parametrize(("code", "body"), CONFIG_ERRORS)
+def test_configuration_errors_are_retried_counted_and_never_rejected(
+    receiver: MockReceiver, fake_time: FakeTime, code: int, body: bytes
+) -> None:
+    """A redirect, expired credentials, a wrong URL or a size limit answer every batch of every node
+    the same: rejecting would empty the fleet's spools. Retried like a 5xx, then left to the edge."""
+    receiver.default = Reply(code, body, {"Location": "/elsewhere"} if code < 400 else {})
+    config_errors: list[int] = []
+    client = make_client(receiver.url, fake_time, max_retry_s=10.0, on_config_error=config_errors.append)
+    outcome = client.write(special_batch())
+    assert (outcome.status, outcome.http_status, outcome.attempts) == ("retry_later", code, 4)
+    assert outcome.reason.startswith(f"HTTP {code}: ")
+    assert fake_time.sleeps == [1.0, 2.0, 4.0]  # the 5xx backoff; another 8 s would end after 10 s
+    assert config_errors == [code] * 4
+    # Never followed: a redirected POST silently becomes a GET.
+    assert [r.path for r in receiver.received] == ["/api/v1/write"] * 4
+
+
+@pytest.mark.parametrize("code", [302, 401, 404, 413])
+def test_configuration_error_then_fixed_writes_the_same_body(
+    receiver: MockReceiver, fake_time: FakeTime, code: int
+) -> None:
+    receiver.script.extend([Reply(code), Reply(code), Reply(204)])
+    config_errors: list[int] = []
+    client = make_client(receiver.url, fake_time, on_config_error=config_errors.append)
+    outcome = client.write(special_batch())
+    assert (outcome.status, outcome.http_status, outcome.attempts) == ("written", 204, 3)
+    assert config_errors == [code, code]
+    bodies = {r.body for r in receiver.received}
+    assert len(bodies) == 1
+
+
+def test_configuration_errors_are_logged_as_errors_rate_limited(
+    receiver: MockReceiver, fake_time: FakeTime, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver.script.extend(Reply(401, b"token expired") for _ in range(8))
+    client = make_client(
+        receiver.url, fake_time, backoff=Backoff(4.0, 4.0, rng=MaxRng()), warn_interval_s=10.0
     )
-    assert len(receiver.received) == 1
-    assert fake_time.sleeps == []
+    with caplog.at_level(logging.DEBUG, logger="cloud_ingest.write"):
+        assert client.write(special_batch()).status == "written"
+    errors = [r for r in caplog.records if r.name == "cloud_ingest.write" and r.levelno == logging.ERROR]
+    assert len(errors) == 3  # at t=0, 12 and 24 of 8 answers 4 s apart
+    assert "HTTP 401: token expired" in errors[0].getMessage()
+    assert "credentials or size limit is wrong, not the data" in errors[0].getMessage()
+    assert "(2 similar warnings suppressed)" in errors[1].getMessage()
 
 
-def test_redirect_not_followed(receiver: MockReceiver, fake_time: FakeTime) -> None:
-    receiver.default = Reply(302, b"", {"Location": "/elsewhere"})
-    outcome = make_client(receiver.url, fake_time).write(special_batch())
-    assert (outcome.status, outcome.http_status, outcome.reason) == ("rejected", 302, "HTTP 302: ")
-    assert len(receiver.received) == 1
-
-
-def test_rejection_with_empty_body(receiver: MockReceiver, fake_time: FakeTime) -> None:
+def test_configuration_error_with_empty_body(receiver: MockReceiver, fake_time: FakeTime) -> None:
     receiver.default = Reply(401)
-    outcome = make_client(receiver.url, fake_time).write(special_batch())
-    assert (outcome.status, outcome.reason) == ("rejected", "HTTP 401: ")
+    outcome = make_client(receiver.url, fake_time, max_retry_s=0.0).write(special_batch())
+    assert outcome.status == "retry_later"
+    assert outcome.reason.startswith("HTTP 401:  (gave up after")
 
 
-def test_rejection_with_10mb_body_reads_a_bounded_prefix(receiver: MockReceiver, fake_time: FakeTime) -> None:
+def test_configuration_error_with_10mb_body_reads_a_bounded_prefix(
+    receiver: MockReceiver, fake_time: FakeTime
+) -> None:
     receiver.default = Reply(413, b"A" * 10_000_000)
     started = time.monotonic()
-    outcome = make_client(receiver.url, fake_time).write(special_batch())
-    assert outcome.status == "rejected"
-    assert outcome.reason == "HTTP 413: " + "A" * 512
+    outcome = make_client(receiver.url, fake_time, max_retry_s=0.0).write(special_batch())
+    assert outcome.status == "retry_later"
+    assert outcome.reason.startswith("HTTP 413: " + "A" * 512 + " (gave up after")
     assert time.monotonic() - started < 5.0
 
 
 def test_rejection_reason_decoded_safely(receiver: MockReceiver, fake_time: FakeTime) -> None:
     prefix = b"bad\xff\xfe label \xe6\xbc\xa2\r\nInjected: 1\x00  "
-    body = prefix + "ü".encode() * 300
+    # The cause (past the 512 bytes the reason keeps) makes it a sample-level rejection.
+    body = prefix + "ü".encode() * 300 + b" out of order sample"
     receiver.default = Reply(400, body)
     outcome = make_client(receiver.url, fake_time).write(special_batch())
     assert outcome.reason.startswith("HTTP 400: bad\ufffd\ufffd label 漢  Injected: 1   üü")

@@ -5,6 +5,11 @@ builds the shaper and the controller on the shared pacer, fits the encoder's bat
 re-reads the file when it changes (a file that no longer loads keeps the previous budget: logged, and
 counted in ``edge_relay_budget_reloads_total{result="failed"}``), shapes each cycle, and turns the
 shaper's running totals into self-metrics. Without a budget file the relay has no runtime at all.
+
+A file that disappears also keeps the previous budget (logged once): a ConfigMap update swaps the file
+under a symlink, and a budget that came and went with it would flap the batch window. The budget ends
+only with a restart without ``budget_file``; the cycles that window had staged are then packed by the
+relay's first cycle (``Relay._spool``), so they are never stranded.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import os
 import time
 
 from edge_relay.budget.controller import Controller
-from edge_relay.budget.model import ConfigError, load
+from edge_relay.budget.model import PRESET_COUNTERS, ConfigError, load
 from edge_relay.budget.pacer import Pacer
 from edge_relay.budget.shaper import BudgetShaper
 from edge_relay.encode import BatchEncoder
@@ -45,6 +50,7 @@ class BudgetRuntime:
         self._encoder = encoder
         self._metrics = metrics
         self._stamp = self._file_stamp()
+        self._missing = False  # the file is gone (logged once) and the previous budget stays in force
         self.budget = load(path)
         self.shaper = BudgetShaper(self.budget, interval_s)
         self.controller = Controller(
@@ -55,6 +61,11 @@ class BudgetRuntime:
         self._shaped_seen: dict[tuple[str, str], int] = {}
         self._paced_seen = 0.0
         self._pacer = pacer
+
+    @property
+    def counters(self) -> frozenset[str]:
+        """Metric names the budget treats as counters although they have no counter suffix."""
+        return PRESET_COUNTERS.union(*(c.counters for c in self.budget.classes))
 
     @property
     def window_ms(self) -> int:
@@ -79,7 +90,13 @@ class BudgetRuntime:
 
     def maybe_reload(self) -> None:
         stamp = self._file_stamp()
-        if stamp is None or stamp == self._stamp:
+        if stamp is None:
+            if not self._missing:
+                log.warning("budget file %s is gone; keeping the budget in force until it is back", self.path)
+            self._missing = True
+            return
+        self._missing = False
+        if stamp == self._stamp:
             return
         self._stamp = stamp
         try:

@@ -6,6 +6,19 @@ aggregate at the time of the window's last sample; counters keep the samples tha
 ``increase()`` exact across resets; precision rounding and heartbeat suppression of unchanged values.
 A scrape block may hold a series only once (codec rule ``duplicate_sample``), so when a series has two
 samples to send at once, the later one is carried into the next output (``flush`` of the same cycle).
+
+Timestamps must increase per series. A sample whose own (exporter) timestamp does not advance past its
+series' last one is dropped and counted in the output's ``repeated_timestamps``, which the relay
+records in the loss ledger as ``duplicate_sample``: it is not shaping, so it is never ``merged``.
+
+The edge clock stepping back (NTP after boot on a device without RTC, a manual fix) would otherwise
+make every scrape of the next hour "older" than its series' state. The shaper therefore watches each
+target's scrape time: when it goes back, every open window of that target's series is closed and sent
+(its samples are real, at their real timestamps) and the series' state is forgotten (last timestamp,
+suppression's last sent value, the counter's reset bookkeeping), so the scrapes after the step are
+shaped as those of new series: a counter's first value and every unsuppressed value go out again, and
+nothing is dropped. The receiver then holds samples of both clocks for the overlapping time; with
+Prometheus, that needs its out-of-order window, as after an outage.
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ class ClassStats:
     samples_in: int = 0
     samples_out: int = 0
     suppressed: int = 0  # unchanged value within the heartbeat
-    merged: int = 0  # folded into an aggregate, or dropped (resolution, repeated timestamp)
+    merged: int = 0  # folded into an aggregate (a repeated timestamp is a loss, not counted here)
     precision_rounded: int = 0  # sent (or suppressed) values that rounding changed
 
 
@@ -142,7 +155,7 @@ class _Series:
 class _Out:
     """The output being built: one sample per series at most."""
 
-    __slots__ = ("base", "call", "labels", "stamps", "target", "values")
+    __slots__ = ("base", "call", "labels", "repeated", "stamps", "target", "values")
 
     def __init__(
         self,
@@ -159,6 +172,7 @@ class _Out:
         self.labels = labels
         self.values = values
         self.stamps = stamps
+        self.repeated = 0  # samples dropped: their own timestamp did not advance
 
     def add(self, labels: Labels, ts: int, value: float) -> None:
         self.labels.append(labels)
@@ -201,6 +215,7 @@ class BudgetShaper:
         self._ends: dict[int, list[_Series]] = {}  # window end -> series that opened one ending then
         self._carry: list[tuple[str, Labels, int, float]] = []  # (target, labels, ts, value), in order
         self._blocked: set[Labels] = set()  # series already in (or still carried past) this output
+        self._clock: dict[str, int] = {}  # target -> its last scrape time: a step back resets it
         self._call = 0
         self._swept = 0
         self._all_fast = True
@@ -250,6 +265,9 @@ class BudgetShaper:
         slots = self._slots
         classify = self._budget.classify
         counts = [0] * len(slots)
+        base = scrape.timestamp_ms
+        stepped_back = base < self._clock.get(scrape.target, base)
+        self._clock[scrape.target] = base
         if self._all_fast and not self._states and not self._carry:
             if len(slots) == 1:
                 counts[0] = len(scrape)
@@ -258,7 +276,6 @@ class BudgetShaper:
                     counts[classify(labels)] += 1
             self._count_passed(counts)
             return scrape
-        base = scrape.timestamp_ms
         ts_in = scrape.timestamps
         out = ShapedScrape(
             scrape.target,
@@ -269,6 +286,8 @@ class BudgetShaper:
         )
         self._call += 1
         em = _Out(scrape.target, base, self._call, out.labels, out.values, None if ts_in is None else [])
+        if stepped_back:
+            self._restart(em, scrape.target)
         if self._carry:
             self._drain(em, scrape.target)
         blocked = self._blocked
@@ -297,6 +316,7 @@ class BudgetShaper:
         blocked.clear()
         self._count_passed(counts)
         out.timestamps = em.stamps
+        out.repeated_timestamps = em.repeated
         return out
 
     def flush(self, now_ms: int) -> ShapedScrape | None:
@@ -379,9 +399,9 @@ class BudgetShaper:
         st = self._states.get(labels)
         if st is not None:
             if ts <= st.last_ts:
-                # A repeated or older timestamp (exporters' own timestamps): the receiver would refuse it.
-                slot.stats.samples_in += 1
-                slot.stats.merged += 1
+                # A repeated or older own timestamp: the receiver would refuse it. A loss, not shaping:
+                # counted for the ledger, and not in the class's samples at all.
+                em.repeated += 1
                 return
             if st.end:
                 if ts < st.end and value == value:
@@ -483,6 +503,25 @@ class BudgetShaper:
         st.pend = None
         slot.stats.merged += n - 1 - st.eager
         self._emit(em, st, slot, st.labels, st.w_ts, value)
+
+    def _restart(self, em: _Out, target: str) -> None:
+        """The clock stepped back under ``target``: close its series' open windows into this output and
+        forget their state, so this scrape and the ones after it are shaped as those of new series."""
+        gone = [st for st in self._states.values() if st.target == target]
+        for st in gone:
+            if st.end:
+                self._close(em, st)
+                # The series' sample of this scrape follows in the cycle's flush: one per output.
+                self._blocked.add(st.labels)
+            self._drop(st)
+        if gone:
+            # Closed windows would otherwise wait in their (now future) end buckets for the old clock.
+            for end in list(self._ends):
+                alive = [st for st in self._ends[end] if st.end == end]
+                if alive:
+                    self._ends[end] = alive
+                else:
+                    del self._ends[end]
 
     def _drop(self, st: _Series) -> None:
         del self._states[st.labels]

@@ -114,6 +114,11 @@ class Spool:
         return self.store.recovery
 
     @property
+    def incarnation(self) -> int:
+        """The spool file's identity (``store.Store.incarnation``), carried by its batches and acks."""
+        return self.store.incarnation
+
+    @property
     def recovered_from(self) -> Path | None:
         """Where the last corrupt spool file was moved to, or None if this spool never had to recover."""
         return None if self.store.recovery is None else self.store.recovery.moved_to

@@ -61,6 +61,11 @@ class BatchTable:
         self._quarantined_total = 0
 
     @property
+    def incarnation(self) -> int:
+        """The spool file's identity (0: unknown, see ``Store.incarnation``)."""
+        return self._store.incarnation
+
+    @property
     def quarantined_total(self) -> int:
         """Rows this instance moved to quarantine (for a counter metric; ``stats()`` has the table size)."""
         return self._quarantined_total
@@ -250,6 +255,37 @@ class BatchTable:
             return deleted
 
         return self._store.run("evict", op)
+
+    def refuse(self, seq: int, reason: LossReason, describe: Callable[[SpoolRow], str]) -> LossRecord | None:
+        """Delete the row ``seq`` that the cloud refused for good and record its samples in the ledger
+        under ``reason``, in one transaction. Returns the ledger entry, or None for an unknown seq (an
+        ack that came twice).
+
+        ``describe`` names the row's series (the caller can decode payloads; the spool cannot). A row
+        that fails its CRC is still deleted and recorded, by the counts of its columns.
+        """
+        s = operator.index(seq)
+
+        def op(conn: sqlite3.Connection) -> LossRecord | None:
+            now = self._store.clock_ms()
+            conn.execute("BEGIN IMMEDIATE")
+            raw = conn.execute(f"SELECT {COLUMNS} FROM batches WHERE seq = ?", (s,)).fetchone()
+            if raw is None:
+                conn.execute("COMMIT")
+                return None
+            row = verify(raw)
+            if isinstance(row, SpoolRow):
+                loss = LossRecord(reason, describe(row), row.first_ts_ms, row.last_ts_ms, row.sample_count)
+            else:
+                first, last, count = (v if type(v) is int else 0 for v in raw[3:6])
+                loss = LossRecord(reason, f"spool seq {s}", first, last, count)
+            conn.execute("DELETE FROM batches WHERE seq = ?", (s,))
+            conn.execute("DELETE FROM resolution WHERE seq = ?", (s,))
+            self._losses.add(conn, now, loss)
+            conn.execute("COMMIT")
+            return loss
+
+        return self._store.run("refuse", op)
 
     # --- re-downsampling ---------------------------------------------------------------------------
 

@@ -15,11 +15,14 @@ import contextlib
 import logging
 import os
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
+from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.spool.errors import is_full, rollback_quietly
+from edge_relay.spool.losses import add_entry
 from edge_relay.spool.schema import COLUMNS, SpoolRow, row_tuple, verify
 
 log = logging.getLogger("edge_relay.spool")
@@ -112,6 +115,12 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, path: Path) -> int
             log.error("spool %s: no room to salvage more than %d batch(es)", path, copied)
             break
         copied += len(rows)
+    # What the relay knows about this node beyond its batches goes along, best effort: the loss
+    # ledger (or the status would read "data safe" after a loss) and the kept integers (quota use).
+    _copy_table(src, dst, "ledger", "ts_ms, reason, series, first_ts_ms, last_ts_ms, samples", _ledger_row_ok)
+    _copy_table(
+        src, dst, "meta", "key, value", _meta_row_ok, where="key LIKE 'x:%'", verb="INSERT OR REPLACE"
+    )
     with contextlib.suppress(sqlite3.Error):
         # Staged cycles (an open batch window) too; the CRC check happens when they are read back.
         staged = src.execute(
@@ -127,6 +136,79 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, path: Path) -> int
         dst.execute("COMMIT")
     rollback_quietly(dst)
     return copied
+
+
+def _copy_table(
+    src: sqlite3.Connection,
+    dst: sqlite3.Connection,
+    table: str,
+    columns: str,
+    valid: Callable[[tuple[object, ...]], bool],
+    *,
+    where: str = "1",
+    verb: str = "INSERT",
+) -> None:
+    """Copy the ``valid`` rows of ``table``, in one transaction; a table that fails is skipped."""
+    try:
+        rows = [r for r in src.execute(f"SELECT {columns} FROM {table} WHERE {where}") if valid(r)]
+    except sqlite3.Error as exc:
+        log.error("spool: the %s table of the corrupt file cannot be read (%s); not salvaged", table, exc)
+        return
+    marks = ", ".join("?" * (columns.count(",") + 1))
+    try:
+        dst.execute("BEGIN IMMEDIATE")
+        dst.executemany(f"{verb} INTO {table} ({columns}) VALUES ({marks})", rows)
+        dst.execute("COMMIT")
+    except sqlite3.Error as exc:
+        rollback_quietly(dst)
+        log.error("spool: cannot salvage the %s table (%s)", table, exc)
+
+
+def _ledger_row_ok(r: tuple[object, ...]) -> bool:
+    ts, reason, series, first, last, samples = r
+    return (
+        isinstance(reason, str)
+        and isinstance(series, str)
+        and all(type(v) is int for v in (ts, first, last, samples))
+    )
+
+
+def _meta_row_ok(r: tuple[object, ...]) -> bool:
+    return isinstance(r[0], str) and type(r[1]) is int
+
+
+def carry_incarnation(src: sqlite3.Connection | None, dst: sqlite3.Connection, salvaged: int) -> int | None:
+    """The fresh file keeps the corrupt file's incarnation: its salvaged rows carry it in their
+    payloads, so their acks must keep deleting them. If it cannot be read but rows were salvaged, the
+    incarnation is unknown (0: acks of any incarnation apply); with nothing salvaged the fresh file
+    keeps the new identity it drew."""
+    old: object = None
+    if src is not None:
+        with contextlib.suppress(sqlite3.Error, TypeError):
+            (old,) = src.execute("SELECT value FROM meta WHERE key = 'incarnation'").fetchone()
+    if type(old) is int and old > 0:
+        value = old
+    elif salvaged:
+        value = 0
+    else:
+        return None  # nothing salvaged: the fresh file draws an identity of its own on first use
+    dst.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('incarnation', ?)", (value,))
+    return value
+
+
+def record_recovery(dst: sqlite3.Connection, recovery: SpoolRecovery) -> None:
+    """The recovery's own ledger entry, in the fresh file: what was not salvaged is unknown (count 0),
+    the entry says how many batches were saved. Written here, so a recovery at run time is recorded
+    like one at start."""
+    series = f"file moved aside to {recovery.moved_to.name}; {recovery.salvaged_rows} rows salvaged"
+    entry = LossRecord(LossReason.SPOOL_FILE_CORRUPT, series, 0, 0, 0)
+    try:
+        dst.execute("BEGIN IMMEDIATE")
+        add_entry(dst, recovery.at_ms, entry)
+        dst.execute("COMMIT")
+    except sqlite3.Error as exc:
+        rollback_quietly(dst)
+        log.error("spool: cannot record the recovery in the loss ledger (%s)", exc)
 
 
 def prune_moved_aside(path: Path, keep: int) -> None:

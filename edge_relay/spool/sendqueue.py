@@ -1,7 +1,8 @@
 """What the uplink sends next, given what is in flight: the one place that knows ``mqtt.order``.
 
 The uplink sees the spool only through ``SendQueue``: ``next_rows`` (ordering policy), ``sent``,
-``acked`` and ``set_aside``. ``InFlight`` is the set of batches published and not yet acknowledged; the
+``acked``, ``refused`` (ack ``rejected``: deleted *and* recorded in the loss ledger) and ``set_aside``.
+``InFlight`` is the set of batches published and not yet acknowledged; the
 uplink thread writes it, and retention reads its snapshot (``seqs``) from the scrape loop so that it never
 degrades or evicts a batch whose ack may be on its way. Both are built before the uplink and retention,
 and handed to each: no part reaches into another that does not exist yet.
@@ -13,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from edge_relay.ledger import LossReason
+from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.spool.batches import BatchTable, Order
 from edge_relay.spool.schema import SpoolRow
 
@@ -123,12 +124,35 @@ class SendQueue:
         taken = busy.union(r.seq for r in live)
         return live + self._batches.pending(backlog_room, exclude=taken, order=Order.OLDEST_DATA)
 
+    @property
+    def incarnation(self) -> int:
+        return self._batches.incarnation
+
+    def applies(self, incarnation: int) -> bool:
+        """Whether an ack for spool ``incarnation`` may act on this spool: acks of another incarnation
+        (queued at the broker for a spool that was since recreated, whose seqs start at 1 again) must
+        never delete anything. 0 on either side (an ingester or a row that predates incarnations, or
+        a salvaged spool whose identity was unreadable) means unknown, and the ack applies."""
+        own = self._batches.incarnation
+        return not incarnation or not own or incarnation == own
+
     def sent(self, seqs: Iterable[int], now_ms: int) -> None:
         self._batches.mark_sent(seqs, now_ms)
 
     def acked(self, seqs: Iterable[int]) -> int:
-        """The cloud has the batches (or refused them for good): delete them."""
+        """The cloud has written the batches: delete them."""
         return self._batches.ack(seqs)
+
+    def refused(
+        self,
+        seq: int,
+        describe: Callable[[SpoolRow], str],
+        reason: LossReason = LossReason.REJECTED_BY_CLOUD,
+    ) -> LossRecord | None:
+        """The cloud refused the batch for good (ack ``rejected``): delete its row and record its samples
+        in the loss ledger, in one transaction, so a refusal is never a silent deletion. ``describe``
+        names the row's series (``{job=...}``). None for a seq no longer in the spool."""
+        return self._batches.refuse(seq, reason, describe)
 
     def set_aside(self, seq: int, reason: str, ledger_reason: LossReason) -> None:
         """A batch that can never be sent (e.g. above the broker's packet size) leaves the queue."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import sqlite3
 import threading
 import time
@@ -87,6 +88,10 @@ class Store:
         self.clock_ms = clock_ms
         self._lock = threading.Lock()
         self._cap_pages = 0
+        # The file's identity, drawn when it is created: seqs count per file, so a recreated spool
+        # (a new emptyDir, a deleted file) starts at seq 1 again, and (incarnation, seq) names a batch.
+        # 0 (only after a recovery that salvaged rows but could not read it): unknown.
+        self._incarnation: int | None = None  # read (or drawn) on first use
         self.recovery: recovery.SpoolRecovery | None = None
         self._conn: sqlite3.Connection | None = self._open_or_recover()
 
@@ -115,6 +120,15 @@ class Store:
                     self._conn = None
                     self._conn = self._recover(f"{what}: {type(exc).__name__}: {exc}", conn)
             raise AssertionError("unreachable")
+
+    @property
+    def incarnation(self) -> int:
+        """The file's identity; read on first use, so opening reads no more of the file than before."""
+        if self._incarnation is None:
+            value = self.run("incarnation", _incarnation)
+            if self._incarnation is None:  # unless a recovery inside run() has set it meanwhile
+                self._incarnation = value
+        return self._incarnation
 
     def file_bytes(self) -> int:
         """Database + WAL + shared-memory index on disk."""
@@ -262,6 +276,7 @@ class Store:
             try:
                 conn.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'last_seq'", (next_seq - 1,))
                 salvaged = recovery.salvage(src, conn, self.path) if src else 0
+                self._incarnation = recovery.carry_incarnation(src, conn, salvaged)
             except BaseException:
                 conn.close()
                 raise
@@ -269,6 +284,7 @@ class Store:
             if src is not None:
                 src.close()
         self.recovery = recovery.SpoolRecovery(self.path, moved, reason, salvaged, next_seq, now)
+        recovery.record_recovery(conn, self.recovery)
         log.error(
             "spool %s is corrupt (%s): moved it to %s and started a fresh spool; salvaged %d batch(es), "
             "next seq %d",
@@ -280,3 +296,14 @@ class Store:
         )
         recovery.prune_moved_aside(self.path, self._keep_corrupt)
         return conn
+
+
+def _incarnation(conn: sqlite3.Connection) -> int:
+    """The file's incarnation, drawn at random (1 .. 2^62) the first time the file is opened."""
+    row = conn.execute("SELECT value FROM meta WHERE key = 'incarnation'").fetchone()
+    if row is not None and type(row[0]) is int:
+        return int(row[0])
+    value = secrets.randbits(62) + 1
+    # An optional meta row, not a schema step: older relays ignore it and still open the file.
+    conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('incarnation', ?)", (value,))
+    return value

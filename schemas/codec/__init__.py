@@ -66,7 +66,9 @@ from schemas.codec.limits import (
     EncodeError,
     Header,
     Limits,
+    SeriesChecker,
     WireError,
+    timestamp_in_range,
     validate_batch,
 )
 from schemas.codec.v1 import CODEC_V1, FORMAT_V1
@@ -98,6 +100,7 @@ __all__ = [
     "EncodeError",
     "Header",
     "Limits",
+    "SeriesChecker",
     "StatusState",
     "WireError",
     "batch_to_json",
@@ -110,6 +113,7 @@ __all__ = [
     "encode_status",
     "float_repr",
     "peek_header",
+    "timestamp_in_range",
     "validate_batch",
     "with_seq",
 ]

@@ -47,6 +47,7 @@ class Ack:
     node: str
     results: list[AckResult]
     v: int = ACK_VERSION
+    incarnation: int = 0  # the spool incarnation the results are for ("inc"); 0: not given
 
 
 def _json_dumps(obj: Any) -> bytes:
@@ -130,10 +131,18 @@ def _ack_wire(node: str, results: Iterable[AckResult], limits: Limits) -> dict[s
     return wire
 
 
-def encode_ack(node: str, results: Iterable[AckResult], limits: Limits = DEFAULT_LIMITS) -> bytes:
-    """``{"v":1,"node":..,"ok":[seq | [first,last], ..],"rejected":[[seq,reason], ..]}``."""
+def encode_ack(
+    node: str, results: Iterable[AckResult], limits: Limits = DEFAULT_LIMITS, *, incarnation: int = 0
+) -> bytes:
+    """``{"v":1,"node":..,"ok":[seq | [first,last], ..],"rejected":[[seq,reason], ..]}``, and ``"inc"``
+    when ``incarnation`` is given (only for batches whose header carried one: older relays refuse
+    an ack with keys they do not know)."""
     try:
-        out = _json_dumps(_ack_wire(node, results, limits))
+        wire = _ack_wire(node, results, limits)
+        if incarnation:
+            _check_incarnation(incarnation)
+            wire["inc"] = incarnation
+        out = _json_dumps(wire)
     except _Invalid as exc:
         raise EncodeError(exc.reason, exc.message) from None
     except (TypeError, ValueError) as exc:
@@ -146,8 +155,9 @@ def encode_ack(node: str, results: Iterable[AckResult], limits: Limits = DEFAULT
 def _decode_ack(data: bytes, limits: Limits) -> Ack:
     obj = _json_loads(data, limits.max_ack_bytes, "ack")
     _check_version(obj, ACK_VERSION, "ack")
-    if not obj.keys() <= {"v", "node", "ok", "rejected"} or "node" not in obj:
-        _fail("malformed", f"ack keys {sorted(obj)}: need v, node and optional ok, rejected")
+    if not obj.keys() <= {"v", "node", "ok", "rejected", "inc"} or "node" not in obj:
+        _fail("malformed", f"ack keys {sorted(obj)}: need v, node and optional ok, rejected, inc")
+    incarnation = _check_incarnation(obj["inc"]) if "inc" in obj else 0
     node = obj["node"]
     _check_name("node", node)
     ok, rejected = obj.get("ok", []), obj.get("rejected", [])
@@ -181,7 +191,13 @@ def _decode_ack(data: bytes, limits: Limits) -> Ack:
         if type(entry) is not list or len(entry) != 2:
             _fail("malformed", "a rejected entry is [seq, reason]")
         add(AckResult(_check_seq(entry[0]), "rejected", _check_reason(entry[1])))
-    return Ack(node, [results[seq] for seq in sorted(results)])
+    return Ack(node, [results[seq] for seq in sorted(results)], incarnation=incarnation)
+
+
+def _check_incarnation(value: object) -> int:
+    if type(value) is not int or not 0 < value <= INT64_MAX:
+        _fail("malformed", f"inc must be an integer in 1..2^63-1, not {str(value)[:32]!r}")
+    return value
 
 
 def decode_ack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Ack:

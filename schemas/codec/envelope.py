@@ -83,6 +83,8 @@ def encode_batch(
         "codec": fmt.codec,
         "body": body,
     }
+    if batch.incarnation:
+        header["inc"] = batch.incarnation
     try:
         packed = msgpack.packb(header, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as exc:
@@ -165,7 +167,12 @@ def _decode_envelope(
     body = fields["body"]
     if type(body) is not bytes:
         _fail("malformed", f"body must be bytes, not {type(body).__name__}")
-    header = Header(version, fields["cluster"], fields["node"], seq, t0, t1, n, codec)
+    incarnation = 0
+    if "inc" in fields:  # optional: the spool incarnation of relays that send it
+        incarnation = fields["inc"]
+        if not _is_int(incarnation) or not 0 < incarnation <= INT64_MAX:
+            _fail("bad_header", f"inc must be an integer in 1..2^63-1, not {str(incarnation)[:32]!r}")
+    header = Header(version, fields["cluster"], fields["node"], seq, t0, t1, n, codec, incarnation)
     return header, body
 
 
@@ -219,7 +226,9 @@ def decode_batch(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
 
     def go() -> Batch:
         header, body, decode_body = _open_envelope(data, limits)
-        return decode_body(header, body, limits)
+        batch = decode_body(header, body, limits)
+        batch.incarnation = header.incarnation
+        return batch
 
     batch: Batch = _run(go)
     return batch
@@ -230,7 +239,9 @@ def decode_batch_with_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tu
 
     def go() -> tuple[Header, Batch]:
         header, body, decode_body = _open_envelope(data, limits)
-        return header, decode_body(header, body, limits)
+        batch = decode_body(header, body, limits)
+        batch.incarnation = header.incarnation
+        return header, batch
 
     result: tuple[Header, Batch] = _run(go)
     return result

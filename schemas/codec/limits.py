@@ -108,6 +108,7 @@ class Header:
     last_ts_ms: int
     sample_count: int
     codec: str
+    incarnation: int = 0  # the optional header key "inc"; 0 when absent
 
 
 class _Invalid(Exception):
@@ -236,11 +237,38 @@ _TUPLE_TYPE: Final = frozenset({tuple})
 _PAIR_LEN: Final = frozenset({2})
 
 
+def timestamp_in_range(ts: int) -> bool:
+    """A timestamp (ms) the wire can carry: 0..2^63-1, the one rule for scrape and sample timestamps."""
+    return 0 <= ts <= INT64_MAX
+
+
+class SeriesChecker:
+    """The codec's rules for one series and one sample, for a producer that drops what breaks them one
+    by one instead of failing the whole batch (the edge's shape stage), so both sides keep one rule.
+
+    Label names and schemas that passed are remembered, as in the batch check; the memory grows with
+    the distinct label names seen, so a long-lived owner replaces the checker now and then.
+    """
+
+    __slots__ = ("_checker",)
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
+        self._checker = _LabelChecker(limits)
+
+    def labels_error(self, labels: object) -> str | None:
+        """The ``reason`` slug the codec would refuse this label set with, or None if it takes it."""
+        try:
+            self._checker.check_labels(labels)
+        except _Invalid as exc:
+            return exc.reason
+        return None
+
+
 def _check_timestamp(ts: object, what: str) -> int:
     if not _is_int(ts):
         _fail("malformed", f"{what} must be an integer, not {type(ts).__name__}")
     assert isinstance(ts, int)
-    if not 0 <= ts <= INT64_MAX:
+    if not timestamp_in_range(ts):
         _fail("bad_timestamp", f"{what} {ts} is outside 0..2^63-1")
     return ts
 

@@ -56,6 +56,14 @@ def describe(batches: Sequence[Batch]) -> str:
     return f'{{job="{jobs[0]}"}}' if len(jobs) == 1 else f'{{job=~"{"|".join(jobs)}"}}'
 
 
+def describe_row(row: SpoolRow) -> str:
+    """The jobs of a spool row's series, for its ledger entry (the seq if the payload does not decode)."""
+    try:
+        return describe([codec.decode_batch(row.payload)])
+    except codec.DecodeError:
+        return f"spool seq {row.seq}"
+
+
 def downsample(
     batches: Sequence[Batch], factor: int, interval_ms: int, counters: frozenset[str] = PRESET_COUNTERS
 ) -> tuple[list[ScrapeBlock], list[Labels], int]:
@@ -118,12 +126,6 @@ class Retention:
     def _decode(self, rows: Sequence[SpoolRow]) -> list[Batch]:
         return [codec.decode_batch(r.payload) for r in rows]
 
-    def _describe_row(self, row: SpoolRow) -> str:
-        try:
-            return describe(self._decode([row]))
-        except codec.DecodeError:
-            return f"spool seq {row.seq}"
-
     def _candidates(self, now_ms: int, order: Order, limit: int) -> list[SpoolRow]:
         rows = self.batches.pending(limit, order=order, exclude=self.inflight.seqs)
         return [r for r in rows if r.last_sent_ms is None or now_ms - r.last_sent_ms > self.policy.busy_ms]
@@ -138,7 +140,7 @@ class Retention:
                 if r.last_ts_ms < now_ms - p.max_age_ms
             ]
             if old:
-                n = self.batches.evict(old, LossReason.MAX_AGE, self._describe_row)
+                n = self.batches.evict(old, LossReason.MAX_AGE, describe_row)
                 log.warning("evicted %d batch(es) older than spool.max_age_seconds", n)
         if not p.cap_bytes:
             return
@@ -163,7 +165,7 @@ class Retention:
             chosen.append(row)
             freed += row.byte_size
         if chosen:
-            self.batches.evict(chosen, reason, self._describe_row)
+            self.batches.evict(chosen, reason, describe_row)
             log.warning(
                 "spool over its limit (%s): evicted %d batch(es), %d samples, data from %d to %d",
                 reason,

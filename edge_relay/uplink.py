@@ -34,10 +34,10 @@ from paho.mqtt.properties import Properties
 
 from edge_relay.budget.pacer import Pacer
 from edge_relay.ledger import LossReason, LossRecord
-from edge_relay.retention import describe
+from edge_relay.retention import describe_row
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
-from edge_relay.spool import InFlight, SendQueue, SpoolError, SpoolRow
+from edge_relay.spool import InFlight, SendQueue, SpoolError
 from relay_common.backoff import Backoff
 from relay_common.mqtt_tls import tls_configure
 from schemas import codec, topics
@@ -53,14 +53,6 @@ _PUMP_EVERY_S = 1.0
 # idle, so an idle relay wakes 4 times a second instead of 20 (an edge CPU is not free).
 _TURN_BUSY_S = 0.05
 _TURN_IDLE_S = 0.25
-
-
-def _describe_row(row: SpoolRow) -> str:
-    """The jobs of a spool row's series, for its ledger entry (the seq if the payload does not decode)."""
-    try:
-        return describe([codec.decode_batch(row.payload)])
-    except codec.DecodeError:
-        return f"spool seq {row.seq}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +79,7 @@ def apply_ack(queue: SendQueue, inflight: InFlight, ack: codec.Ack, now: float) 
     refused: list[tuple[AckResult, LossRecord]] = []
     for result in ack.results:
         if result.result == "rejected":
-            loss = queue.refused(result.seq, _describe_row)
+            loss = queue.refused(result.seq, describe_row)
             if loss is not None:
                 refused.append((result, loss))
     return AppliedAck(False, latencies, refused)

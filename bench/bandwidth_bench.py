@@ -229,7 +229,12 @@ def run(args: argparse.Namespace) -> str:
     with workspace(args.workdir, args.keep, "bandwidth-bench-") as work:
         (work / "simulator").mkdir(parents=True, exist_ok=True)
         sim = SimulatorProcess(
-            work / "simulator", seed=SEED, interval=interval, churn_ticks=CHURN_TICKS, series=args.series
+            work / "simulator",
+            seed=SEED,
+            interval=interval,
+            churn_ticks=CHURN_TICKS,
+            series=args.series,
+            vendor=args.vendor,
         )
         sim.argv = die_with_parent(sim.argv)
         sim.start()
@@ -837,6 +842,7 @@ def run_budget(args: argparse.Namespace) -> str:
             interval=args.interval,
             churn_ticks=CHURN_TICKS,
             series=args.series,
+            vendor=args.vendor,
         )
         sim.argv = die_with_parent(sim.argv)
         sim.start()
@@ -1247,6 +1253,12 @@ def main() -> int:
     ap.add_argument("--series", type=int, default=2000, help="simulated series (default 2000)")
     ap.add_argument("--minutes", type=float, default=10.0, help="measured window, min (default 10)")
     ap.add_argument("--interval", type=float, default=5.0, help="scrape interval, s (default 5)")
+    ap.add_argument(
+        "--vendor",
+        choices=("nvidia", "amd", "intel", "jetson"),
+        default="nvidia",
+        help="simulated GPU node (default nvidia; `edge-relay simulate --vendor`)",
+    )
     ap.add_argument(
         "--warmup",
         type=float,

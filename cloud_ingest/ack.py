@@ -37,13 +37,16 @@ class Acker:
         result: str,
         reason: str | None = None,
         incarnation: int = 0,
+        written: int = 0,
+        refused: int = 0,
     ) -> None:
-        """Ack one batch; ``incarnation`` is the batch header's (0: it had none, nor will the ack)."""
+        """Ack one batch; ``incarnation`` is the batch header's (0: it had none, nor will the ack);
+        ``written`` and ``refused`` are the sample counts of a ``partial`` result."""
         if reason is not None and len(reason) > codec.MAX_REASON_CHARS:
             # The full text is in the dead-letter store; the edge only needs to know why, briefly.
             reason = reason[: codec.MAX_REASON_CHARS - 3] + "..."
         payload = codec.encode_ack(
-            node, [codec.AckResult(seq, result, reason or None)], incarnation=incarnation
+            node, [codec.AckResult(seq, result, reason or None, written, refused)], incarnation=incarnation
         )
         self.connection.publish(topics.ack_topic(self.prefix, cluster, node), payload, qos=1)
         self.connection.puback(message)

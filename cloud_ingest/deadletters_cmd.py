@@ -70,6 +70,11 @@ def _replay(store: DeadLetterStore, s: settings.Settings, ids: list[int], url: s
             print(f"{letter_id}: still invalid ({r.reason}: {r}); kept")
             failed += 1
             continue
+        if decoded.refused is not None:
+            # Part of it is still too far in the future: kept whole, to be replayed when its time comes.
+            print(f"{letter_id}: still not writable ({decoded.refused_reason}); kept")
+            failed += 1
+            continue
         outcome = client.write(decoded.batch)
         if outcome.status == "written":
             store.delete(letter_id)

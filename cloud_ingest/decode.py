@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from cloud_ingest.isolate import split_future
 from cloud_ingest.write import request_size_bound
 from schemas import codec, topics
 from schemas.model import Batch, Labels
@@ -51,8 +52,12 @@ class Refused(Exception):
 class Decoded:
     cluster: str
     node: str
-    batch: Batch
+    batch: Batch  # what is to be written
     identity_overridden: int = 0  # label sets whose sent cluster/node was replaced by the topic's
+    # Samples of the message that will not be written (timestamps too far in the future), as a batch
+    # of their own to dead-letter, and why.
+    refused: Batch | None = None
+    refused_reason: str = ""
 
 
 def decode(
@@ -94,15 +99,33 @@ def decode(
             e.reason, str(e), cluster=cluster, node=node, seq=header.seq, incarnation=header.incarnation
         ) from e
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-    if batch.last_timestamp_ms > now_ms + max_future_seconds * 1000:
-        raise Refused(
-            "future_timestamp",
-            f"sample at {batch.last_timestamp_ms} ms is more than {max_future_seconds:g}s in the future",
-            cluster=cluster,
-            node=node,
-            seq=header.seq,
-            incarnation=header.incarnation,
-        )
+    limit_ms = now_ms + int(max_future_seconds * 1000)
+    future: Batch | None = None
+    future_reason = ""
+    if batch.last_timestamp_ms > limit_ms:
+        # One series with a clock an hour ahead must not cost the others of its scrape: the samples
+        # in the future are split off (dead-lettered, replayable once their time has come).
+        good, future = split_future(batch, limit_ms)
+        if future is None:  # only empty scrape blocks are in the future: nothing of them to write
+            future_reason = f"future_timestamp: an empty scrape at {batch.last_timestamp_ms} ms"
+        else:
+            future_reason = (
+                f"future_timestamp: {future.sample_count} sample(s) up to {future.last_timestamp_ms} ms "
+                f"are more than {max_future_seconds:g}s in the future"
+            )
+            future.labelsets, _ = pin_identity(future.labelsets, cluster, node)
+        if good is None:
+            raise Refused(
+                "future_timestamp",
+                future_reason,
+                cluster=cluster,
+                node=node,
+                seq=header.seq,
+                incarnation=header.incarnation,
+            )
+        batch = good
+        if future is None:
+            future_reason = ""
     batch.labelsets, overridden = pin_identity(batch.labelsets, cluster, node)
     # After pin_identity: the labels measured are the ones that will be written.
     cap = max_request_bytes
@@ -121,7 +144,7 @@ def decode(
             seq=header.seq,
             incarnation=header.incarnation,
         )
-    return Decoded(cluster, node, batch, overridden)
+    return Decoded(cluster, node, batch, overridden, future, future_reason)
 
 
 _EXPORTED = "exported_"

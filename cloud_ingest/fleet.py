@@ -111,19 +111,38 @@ class _Range:
     since: float  # when these seqs were first known to be missing
 
 
-class SeqTracker:
-    """Seqs of one node not seen below the highest seen, as ranges; bounded. Not thread-safe."""
+# Spool incarnations of a node whose seqs are no longer tracked (its spool was recreated since).
+_PAST_INCARNATIONS = 4
 
-    __slots__ = ("high", "missing")
+
+class SeqTracker:
+    """Seqs of one node not seen below the highest seen, as ranges; bounded. Not thread-safe.
+
+    Seqs count per spool file: a recreated spool (a new incarnation) starts again at 1, so seqs of one
+    incarnation are compared only with each other. The first seq of a new incarnation restarts the
+    tracking (the old spool is gone: its missing seqs can no longer arrive from it); late seqs of the
+    few incarnations before it are ignored. Incarnation 0 (a relay that sends none) is one like any.
+    """
+
+    __slots__ = ("high", "incarnation", "missing", "past")
 
     def __init__(self) -> None:
         self.high: int | None = None
         self.missing: list[_Range] = []
+        self.incarnation: int | None = None
+        self.past: list[int] = []
 
-    def see(self, first: int, last: int, now: float) -> None:
-        """Seqs ``first..last`` (inclusive) were seen at ``now``."""
+    def see(self, first: int, last: int, now: float, incarnation: int = 0) -> None:
+        """Seqs ``first..last`` (inclusive) of spool ``incarnation`` were seen at ``now``."""
         if first > last:
             first, last = last, first
+        if incarnation != self.incarnation:
+            if incarnation in self.past:
+                return
+            if self.incarnation is not None:
+                self.past = [*self.past, self.incarnation][-_PAST_INCARNATIONS:]
+            self.incarnation = incarnation
+            self.high = None
         high = self.high
         if high is None or first > high + GAP_RESET_JUMP:
             self.high = last
@@ -164,6 +183,7 @@ class SeqTracker:
     def reset(self) -> None:
         self.high = None
         self.missing.clear()
+        self.incarnation = None
 
 
 @dataclass(slots=True)
@@ -345,7 +365,9 @@ class Fleet:
             n.loss_grew_at = now
         n.lost_samples = total
 
-    def observe_written(self, cluster: str, node: str, *, seq: int, samples: int, newest_ms: int) -> None:
+    def observe_written(
+        self, cluster: str, node: str, *, seq: int, samples: int, newest_ms: int, incarnation: int = 0
+    ) -> None:
         """A batch was accepted by the remote-write receiver."""
         now = self.clock()
         forgotten: list[NodeKey] = []
@@ -357,10 +379,12 @@ class Fleet:
             if newest_ms > 0:
                 n.last_batch_ts = max(n.last_batch_ts or 0.0, newest_ms / 1000)
             n.highest_written = seq if n.highest_written is None else max(n.highest_written, seq)
-            n.seqs.see(seq, seq, now)
+            n.seqs.see(seq, seq, now, incarnation)
         self._forgotten(forgotten)
 
-    def observe_dead_letter(self, cluster: str, node: str, *, seq: int | None, refused: bool) -> None:
+    def observe_dead_letter(
+        self, cluster: str, node: str, *, seq: int | None, refused: bool, incarnation: int = 0
+    ) -> None:
         """A batch of the node went to the dead-letter store (``refused``: invalid, else receiver 4xx)."""
         now = self.clock()
         forgotten: list[NodeKey] = []
@@ -370,10 +394,18 @@ class Fleet:
             n.refused += 1 if refused else 0
             n.last_dead_letter_at = now
             if seq is not None:
-                n.seqs.see(seq, seq, now)
+                n.seqs.see(seq, seq, now, incarnation)
         self._forgotten(forgotten)
 
-    def observe_acks(self, cluster: str, node: str, *, ok: Iterable[int], rejected: Iterable[int]) -> None:
+    def observe_acks(
+        self,
+        cluster: str,
+        node: str,
+        *,
+        ok: Iterable[int],
+        rejected: Iterable[int],
+        incarnation: int = 0,
+    ) -> None:
         """An application ack seen on the broker (from any replica, this one included)."""
         now = self.clock()
         ok_seqs, rejected_seqs = set(ok), set(rejected)
@@ -386,7 +418,7 @@ class Fleet:
             if rejected_seqs:
                 n.last_dead_letter_at = now
             for first, last in _runs(sorted(ok_seqs | rejected_seqs)):
-                n.seqs.see(first, last, now)
+                n.seqs.see(first, last, now, incarnation)
         self._forgotten(forgotten)
 
     def reset_seq_tracking(self) -> None:

@@ -39,6 +39,18 @@ class IngestMetrics:
             ["node"],
             registry=r,
         )
+        self.samples_refused = Counter(
+            "cloud_ingest_samples_refused_total",
+            "Samples split off a batch whose other samples were written (the receiver refused them, or "
+            "their timestamp was too far in the future) and dead-lettered, by reason.",
+            ["node", "reason"],
+            registry=r,
+        )
+        self.isolation_writes = Counter(
+            "cloud_ingest_isolation_writes_total",
+            "Remote-write requests made to find the samples the receiver refused in a batch.",
+            registry=r,
+        )
         self.batches_written = Counter(
             "cloud_ingest_batches_written_total",
             "Batches accepted by the remote-write receiver.",

@@ -26,18 +26,21 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
+from cloud_ingest import checkconfig
 from cloud_ingest import settings as settings_mod
 from cloud_ingest.ack import Acker
 from cloud_ingest.deadletter import DeadLetterFull, DeadLetterStore
-from cloud_ingest.decode import Refused, decode
+from cloud_ingest.decode import Decoded, Refused, decode
 from cloud_ingest.fleet import Fleet
+from cloud_ingest.isolate import isolate, joined
 from cloud_ingest.selfmetrics import IngestMetrics
 from cloud_ingest.settings import Settings
 from cloud_ingest.subscribe import Admission, Subscriber
-from cloud_ingest.write import RemoteWriteClient
+from cloud_ingest.write import RemoteWriteClient, WriteOutcome
 from relay_common.backoff import Backoff
 from relay_common.httpserver import MetricsServer
 from schemas import codec, topics
+from schemas.model import Batch
 
 log = logging.getLogger("cloud_ingest")
 
@@ -159,8 +162,9 @@ class Ingester:
         self.fleet.observe_acks(
             cluster,
             node,
-            ok=[r.seq for r in ack.results if r.result == "ok"],
+            ok=[r.seq for r in ack.results if r.result != "rejected"],  # partial: finished too
             rejected=[r.seq for r in ack.results if r.result == "rejected"],
+            incarnation=ack.incarnation,
         )
         if not self._ack_view:
             self._ack_view = True
@@ -271,38 +275,7 @@ class Ingester:
                 max_future_seconds=s.max_future_seconds,
             )
         except Refused as r:
-            self.metrics.refused.labels(r.reason).inc()
-            self.metrics.dead_letters.labels(r.reason).inc()
-            self._log_once(r.node, r.reason, f"refused batch on {message.topic}: {r}")
-            if self.dead_letters.keep_refused(r.node, r.reason):
-                # The reason starts with its slug once (a DecodeError's text already does).
-                text = str(r) if str(r).startswith(f"{r.reason}:") else f"{r.reason}: {r}"
-                try:
-                    self.dead_letters.put(
-                        message.topic, payload, text, cluster=r.cluster, node=r.node, seq=r.seq
-                    )
-                except DeadLetterFull as e:
-                    # Only counted: an invalid payload would be refused again, and the edge records
-                    # the batch in its loss ledger when the "rejected" ack arrives.
-                    self.metrics.dead_letter_overflow.labels(r.reason).inc()
-                    self._log_full(e)
-            if r.cluster is not None and r.node is not None:
-                self.fleet.observe_dead_letter(r.cluster, r.node, seq=r.seq, refused=True)
-            if r.seq is not None and r.node is not None and r.cluster is not None:
-                self.acker.ack(
-                    message,
-                    cluster=r.cluster,
-                    node=r.node,
-                    seq=r.seq,
-                    result="rejected",
-                    reason=r.reason,
-                    incarnation=r.incarnation,
-                )
-                self.metrics.acks.labels("rejected").inc()
-            else:
-                self.acker.release(message)
-            self.metrics.messages.labels("refused").inc()
-            return "refused"
+            return self._refuse(message, payload, r)
         batch = decoded.batch
         if decoded.identity_overridden:
             self.metrics.identity_overridden.labels(decoded.node).inc(decoded.identity_overridden)
@@ -314,62 +287,174 @@ class Ingester:
             )
         started = time.monotonic()
         outcome = self.writer.write(batch)
+        written, refused = batch.sample_count, decoded.refused
+        reasons = [decoded.refused_reason] if refused is not None else []
+        if outcome.status == "rejected":
+            log.error("receiver rejected batch %s seq=%d: %s", decoded.node, batch.seq, outcome.reason)
+            isolation = isolate(
+                batch,
+                lambda part: self.writer.write(part, permanent_after=1),
+                outcome.reason or "rejected by the remote-write receiver",
+                max_writes=s.isolate_max_writes,
+            )
+            self.metrics.isolation_writes.inc(isolation.writes)
+            if isolation.status == "retry_later":
+                outcome = WriteOutcome("retry_later", reason=isolation.retry_reason)
+            else:
+                written = isolation.written
+                refused = joined(isolation.refused, refused)
+                reasons = isolation.reasons + reasons
+                if refused is not None:
+                    log.error(
+                        "of batch %s seq=%d, %d samples were written, %d refused in %d requests: %s",
+                        decoded.node,
+                        batch.seq,
+                        written,
+                        refused.sample_count,
+                        isolation.writes + 1,
+                        "; ".join(reasons),
+                    )
         self.metrics.write_duration.observe(time.monotonic() - started)
-        if outcome.status == "written":
-            self.metrics.samples_written.labels(decoded.node).inc(batch.sample_count)
+        if outcome.status == "retry_later":
+            if self.stop_event.is_set():
+                # Shutting down mid-retry: no PUBACK, so the broker gives the batch to another replica.
+                return "abandoned"
+            log.warning("giving up on batch %s seq=%d for now: %s", decoded.node, batch.seq, outcome.reason)
+            self.metrics.retry_later.inc()
+            self.acker.release(message)
+            self.metrics.messages.labels("retry_later").inc()
+            return "retry_later"
+        return self._finish(message, payload, decoded, written, refused, reasons)
+
+    def _finish(
+        self,
+        message: mqtt.MQTTMessage,
+        payload: bytes,
+        decoded: Decoded,
+        written: int,
+        refused: Batch | None,
+        reasons: list[str],
+    ) -> str:
+        """Dead-letter what was refused, count what was written, ack: ``ok`` (all written), ``partial``
+        (some) or ``rejected`` (none). Nothing is acked before its refused part is stored."""
+        batch = decoded.batch
+        reason = "; ".join(reasons)
+        result: codec.AckResultKind = "ok"
+        if refused is not None:
+            slug = "future_timestamp" if reasons[0].startswith("future_timestamp") else "receiver_rejected"
+            # Nothing written: the message as it came, else the refused samples as a batch of their own.
+            letter = payload if not written else self._letter(refused, payload)
+            try:
+                self.dead_letters.put(
+                    message.topic, letter, reason, cluster=decoded.cluster, node=decoded.node, seq=batch.seq
+                )
+            except DeadLetterFull as e:
+                # Valid data with nowhere to go: an ack would delete the last copy at the edge. No ack,
+                # so the edge keeps the batch and publishes it again after its ack timeout.
+                self.metrics.dead_letter_overflow.labels(slug).inc()
+                self._log_full(e)
+                self.acker.release(message)
+                self.metrics.messages.labels("dead_letter_full").inc()
+                return "dead_letter_full"
+            self.metrics.dead_letters.labels(slug).inc()
+            self.fleet.observe_dead_letter(
+                decoded.cluster, decoded.node, seq=batch.seq, refused=False, incarnation=batch.incarnation
+            )
+            if written:
+                self.metrics.samples_refused.labels(decoded.node, slug).inc(refused.sample_count)
+                # A relay that predates partial acks (no incarnation in its header) would refuse the ack
+                # and publish the batch forever; it gets "ok", the refused part is in the dead letter.
+                result = "partial" if batch.incarnation else "ok"
+            else:
+                result = "rejected"
+        if written:
+            self.metrics.samples_written.labels(decoded.node).inc(written)
             self.metrics.batches_written.labels(decoded.node).inc()
             self.fleet.observe_written(
                 decoded.cluster,
                 decoded.node,
                 seq=batch.seq,
-                samples=batch.sample_count,
+                samples=written,
                 newest_ms=batch.last_timestamp_ms,
-            )
-            self.acker.ack(
-                message,
-                cluster=decoded.cluster,
-                node=decoded.node,
-                seq=batch.seq,
-                result="ok",
                 incarnation=batch.incarnation,
             )
-            self.metrics.acks.labels("ok").inc()
-        elif outcome.status == "rejected":
-            reason = outcome.reason or "rejected by the remote-write receiver"
-            log.error("receiver rejected batch %s seq=%d: %s", decoded.node, batch.seq, reason)
+        self._ack(
+            message,
+            decoded.cluster,
+            decoded.node,
+            batch.seq,
+            result,
+            incarnation=batch.incarnation,
+            reason=None if result == "ok" else reason,
+            written=written if result == "partial" else 0,
+            refused=refused.sample_count if result == "partial" and refused is not None else 0,
+        )
+        status = {"ok": "written", "partial": "partial", "rejected": "rejected"}[result]
+        self.metrics.messages.labels(status).inc()
+        return status
+
+    def _letter(self, refused: Batch, payload: bytes) -> bytes:
+        try:
+            return codec.encode_batch(refused, limits=self.settings.limits)
+        except codec.EncodeError as e:
+            # Cannot happen for a part of a valid batch; if it does, keep the whole message (a replay
+            # writes its other samples again, with the same values) rather than nothing.
+            log.error("cannot encode the refused part of a batch (%s): dead-lettering the whole", e)
+            return payload
+
+    def _refuse(self, message: mqtt.MQTTMessage, payload: bytes, r: Refused) -> str:
+        """A message the ingester will never write (invalid, hostile, all in the future)."""
+        self.metrics.refused.labels(r.reason).inc()
+        self.metrics.dead_letters.labels(r.reason).inc()
+        self._log_once(r.node, r.reason, f"refused batch on {message.topic}: {r}")
+        if self.dead_letters.keep_refused(r.node, r.reason):
+            # The reason starts with its slug once (a DecodeError's text already does).
+            text = str(r) if str(r).startswith(f"{r.reason}:") else f"{r.reason}: {r}"
             try:
-                self.dead_letters.put(
-                    message.topic, payload, reason, cluster=decoded.cluster, node=decoded.node, seq=batch.seq
-                )
+                self.dead_letters.put(message.topic, payload, text, cluster=r.cluster, node=r.node, seq=r.seq)
             except DeadLetterFull as e:
-                # Valid data with nowhere to go: an ack "rejected" would delete the last copy at the
-                # edge. No ack, so the edge keeps the batch and publishes it again after its ack timeout.
-                self.metrics.dead_letter_overflow.labels("receiver_rejected").inc()
+                # Only counted: an invalid payload would be refused again, and the edge records
+                # the batch in its loss ledger when the "rejected" ack arrives.
+                self.metrics.dead_letter_overflow.labels(r.reason).inc()
                 self._log_full(e)
-                self.acker.release(message)
-                self.metrics.messages.labels("dead_letter_full").inc()
-                return "dead_letter_full"
-            self.metrics.dead_letters.labels("receiver_rejected").inc()
-            self.fleet.observe_dead_letter(decoded.cluster, decoded.node, seq=batch.seq, refused=False)
-            self.acker.ack(
-                message,
-                cluster=decoded.cluster,
-                node=decoded.node,
-                seq=batch.seq,
-                result="rejected",
-                reason=reason,
-                incarnation=batch.incarnation,
+        if r.cluster is not None and r.node is not None:
+            self.fleet.observe_dead_letter(
+                r.cluster, r.node, seq=r.seq, refused=True, incarnation=r.incarnation
             )
-            self.metrics.acks.labels("rejected").inc()
-        elif self.stop_event.is_set():
-            # Shutting down mid-retry: no PUBACK, so the broker gives the batch to another replica.
-            return "abandoned"
+        if r.seq is not None and r.node is not None and r.cluster is not None:
+            self._ack(
+                message, r.cluster, r.node, r.seq, "rejected", incarnation=r.incarnation, reason=r.reason
+            )
         else:
-            log.warning("giving up on batch %s seq=%d for now: %s", decoded.node, batch.seq, outcome.reason)
-            self.metrics.retry_later.inc()
             self.acker.release(message)
-        self.metrics.messages.labels(outcome.status).inc()
-        return outcome.status
+        self.metrics.messages.labels("refused").inc()
+        return "refused"
+
+    def _ack(
+        self,
+        message: mqtt.MQTTMessage,
+        cluster: str,
+        node: str,
+        seq: int,
+        result: codec.AckResultKind,
+        *,
+        incarnation: int,
+        reason: str | None = None,
+        written: int = 0,
+        refused: int = 0,
+    ) -> None:
+        self.acker.ack(
+            message,
+            cluster=cluster,
+            node=node,
+            seq=seq,
+            result=result,
+            reason=reason,
+            incarnation=incarnation,
+            written=written,
+            refused=refused,
+        )
+        self.metrics.acks.labels(result).inc()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -378,6 +463,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     s = settings_mod.load(args.config)
+    # What `check-config` checks, checked here too: both refuse a config with the same message.
+    checkconfig.validate(s)
     logging.getLogger().setLevel(s.log_level)
     ingester = Ingester(s)
     server = MetricsServer.start(

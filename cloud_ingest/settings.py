@@ -47,6 +47,7 @@ class Settings:
     retry_min_seconds: float
     retry_max_seconds: float
     max_retry_seconds: float
+    isolate_max_writes: int
     workers: int
     limits: Limits
     max_future_seconds: float
@@ -100,6 +101,7 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         retry_min_seconds=float(rw["retry_min_seconds"]),
         retry_max_seconds=float(rw["retry_max_seconds"]),
         max_retry_seconds=float(rw["max_retry_seconds"]),
+        isolate_max_writes=int(rw["isolate_max_writes"]),
         workers=raw["workers"],
         limits=Limits(
             max_payload_bytes=lim["max_payload_bytes"],

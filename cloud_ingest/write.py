@@ -453,11 +453,16 @@ class RemoteWriteClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def write(self, batch: Batch) -> WriteOutcome:
-        return self.write_body(encode_body(batch), batch.sample_count)
+    def write(self, batch: Batch, *, permanent_after: int | None = None) -> WriteOutcome:
+        return self.write_body(encode_body(batch), batch.sample_count, permanent_after=permanent_after)
 
-    def write_body(self, body: bytes, samples: int = 0) -> WriteOutcome:
-        """POST an already snappy-compressed WriteRequest; ``samples`` is only used in log lines."""
+    def write_body(
+        self, body: bytes, samples: int = 0, *, permanent_after: int | None = None
+    ) -> WriteOutcome:
+        """POST an already snappy-compressed WriteRequest; ``samples`` is only used in log lines.
+        ``permanent_after`` overrides the client's count of identical "never" 5xx answers (1 for the
+        parts of a batch whose whole already got that answer)."""
+        permanent_after = self.permanent_after if permanent_after is None else permanent_after
         backoff = self._backoff.clone()
         start = self._clock()
         attempts = 0
@@ -484,7 +489,7 @@ class RemoteWriteClient:
                 self._on_config_error(status)
             if status >= 500 and any(m in result.reason.lower() for m in PERMANENT_5XX_MARKERS):
                 permanent += 1
-                if permanent >= self.permanent_after:
+                if permanent >= permanent_after:
                     reason = f"{result.reason} (answered {permanent} times: the receiver will not take it)"
                     log.error(
                         "remote write of %d samples to %s refused for good: %s", samples, self.url, reason

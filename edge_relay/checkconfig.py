@@ -1,20 +1,58 @@
-"""``edge-relay check-config``: validate a config file and show it with every default filled in."""
+"""``edge-relay check-config``: validate a config file as ``run`` would, and show it with every default.
+
+``validate`` is what ``edge-relay run`` checks at start-up before it builds anything (``relay.run`` calls
+it), so ``check-config`` fails exactly when ``run`` would, with the same messages (exit 2):
+
+- the config file itself (``settings.load``: schema, names, targets, relabel rules);
+- the budget file, with the loader ``run`` uses (``edge_relay.budget.model.load``);
+- the MQTT TLS files: readable, PEM, and loadable as paho will load them (``mqtt_tls.check_tls``);
+- the spool: its directory writable or creatable, the file (if there) writable; nothing is created;
+- ``metrics.listen``: a host:port the metrics server can bind (not whether the port is free).
+
+``--config-only`` leaves out what depends on the machine (TLS files, spool directory), for checking a
+config somewhere else than on its node (CI, a laptop); the budget file ships with the config, so it
+stays in.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 import yaml
 
 from edge_relay import settings
+from edge_relay.budget import model as budget_model
+from relay_common import preflight
+from relay_common.mqtt_tls import check_tls
+
+
+def validate(s: settings.Settings, *, host: bool = True) -> None:
+    """Raise ConfigError with every problem ``run`` would meet at start-up (one a line)."""
+    checks: list[Callable[[], object]] = []
+    if s.budget_file:
+        checks.append(lambda: budget_model.load(s.budget_file))
+    if host:
+        checks.append(lambda: check_tls(s.mqtt.tls, s.source, "mqtt.tls"))
+        checks.append(lambda: preflight.check_writable_dir(s.spool_path, "spool.path", s.source))
+    checks.append(lambda: preflight.check_listen(s.metrics_listen, "metrics.listen", s.source))
+    preflight.collect(checks)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="edge relay config file (YAML)")
+    parser.add_argument(
+        "--config-only",
+        action="store_true",
+        help="skip the checks of this machine (TLS files, spool directory): for a config off its node",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     s = settings.load(args.config)
+    validate(s, host=not args.config_only)
     print(yaml.safe_dump(s.raw, sort_keys=False), end="")
-    print(f"# OK: {args.config} is valid ({len(s.targets)} target(s), node {s.node}, cluster {s.cluster})")
+    scope = " (machine checks skipped)" if args.config_only else ""
+    what = f"{len(s.targets)} target(s), node {s.node}, cluster {s.cluster}"
+    print(f"# OK: {args.config} is valid{scope} ({what})")
     return 0

@@ -42,6 +42,8 @@ class LossReason(StrEnum):
     # The cloud acked the batch "rejected" (invalid, or refused for good by the receiver): its row is
     # deleted, the dead letter (if the cloud kept one) is the only copy left.
     REJECTED_BY_CLOUD = "rejected_by_cloud"
+    # Samples a budget class held in aggregation windows still open when the relay was killed.
+    OPEN_WINDOW_AT_KILL = "open_window_at_kill"
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from collections.abc import Callable, Iterator
 from decimal import ROUND_HALF_EVEN, Decimal, DecimalException
 from typing import Any
@@ -48,6 +49,11 @@ class ParseError(ValueError):
 
 class SampleLimitExceeded(ParseError):
     """The body holds more samples than the configured ``sample_limit``."""
+
+
+class ParseDeadlineExceeded(ParseError):
+    """The scrape's wall-clock deadline passed while parsing: a huge body must not hold up the cycle
+    (and so every other target) beyond the scrape timeout."""
 
 
 class _LineError(Exception):
@@ -382,12 +388,14 @@ def parse(
     content_type: str = "",
     cache: SeriesCache | None = None,
     sample_limit: int = 0,
+    deadline: float | None = None,
 ) -> list[Sample]:
     """Parse a whole exposition body; raise :class:`ParseError` if any line is malformed.
 
     ``body`` may be the raw bytes of the response: they are decoded as UTF-8 block by block, so the
     body is never held twice (bytes and str).  More than ``sample_limit`` samples (when > 0) raise
-    :class:`SampleLimitExceeded` as soon as a block takes the count over it.
+    :class:`SampleLimitExceeded` as soon as a block takes the count over it.  Past ``deadline`` (a
+    ``time.monotonic()`` value) the next block raises :class:`ParseDeadlineExceeded`.
     """
     om = is_openmetrics(content_type)
     if cache is None:
@@ -447,6 +455,11 @@ def parse(
                 if sample is not None:
                     append(sample)
             base += len(lines)
+            if deadline is not None and time.monotonic() > deadline:
+                raise ParseDeadlineExceeded(
+                    f"scrape deadline passed while parsing ({len(out)} samples of {len(body)} bytes so "
+                    "far); scrape failed"
+                )
             if 0 < sample_limit < len(out):
                 raise SampleLimitExceeded(
                     f"sample_limit {sample_limit} exceeded: body has {'' if last else 'more than '}"

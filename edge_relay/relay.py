@@ -4,8 +4,9 @@ Stages in the order a sample passes them (one module each):
 ``scrape`` -> ``parse`` -> ``shape`` (target labels, ``up``, stale markers; with a budget file also
 ``budget.shaper``'s classes) -> ``encode`` -> ``spool`` (through ``sink``, and with a budget through
 ``window``'s batch windows) -> ``uplink``. ``Relay`` builds each part once, before the parts that need
-it, and hands it over: the spool and the ledger first, then retention and the sink, the budget (shaper,
-controller, and the pacer it shares with the uplink), the window, the status report, and last the uplink.
+it, and hands it over: the spool and the ledger first, the flight recorder (a table of the spool), then
+retention and the sink, the budget (shaper, controller, and the pacer it shares with the uplink), the
+window, the status report, and last the uplink.
 Data flows one way; no part calls back into ``Relay``.
 
 Scrapes run on a fixed grid of ``interval_seconds``; all targets of one tick are scraped in parallel
@@ -23,13 +24,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from edge_relay import checkconfig
 from edge_relay import settings as settings_mod
 from edge_relay.budget.model import PRESET_COUNTERS
 from edge_relay.budget.pacer import Pacer
 from edge_relay.budget.runtime import BudgetRuntime
 from edge_relay.encode import BatchEncoder
+from edge_relay.held import HeldWindows
 from edge_relay.ledger import LossLedger, LossReason
-from edge_relay.parse import ParseError, SampleLimitExceeded, SeriesCache, parse
+from edge_relay.parse import ParseDeadlineExceeded, ParseError, SampleLimitExceeded, SeriesCache, parse
+from edge_relay.recorder import FlightRecorder
 from edge_relay.retention import Policy, Retention
 from edge_relay.scrape import Fetched, Scraper
 from edge_relay.selfmetrics import RelayMetrics
@@ -53,27 +57,38 @@ class TargetLoop:
         self.target = target
         self.metrics = metrics
         self.sample_limit = s.sample_limit
+        self.timeout_s = s.timeout_seconds
         self.scraper = Scraper(
             target.url, fmt=target.format, timeout_s=s.timeout_seconds, body_limit_bytes=s.body_limit_bytes
         )
         self.cache = SeriesCache()
+        target_labels = {"job": target.job, "instance": target.instance, **target.labels}
         self.shaper = TargetShaper(
             target.name,
-            {"job": target.job, "instance": target.instance, **target.labels},
+            {k: v for k, v in target_labels.items() if v},  # relabel_configs may have removed `job`
             fill_labels_for(s.cluster, s.node, s.add_node_labels, s.external_labels),
+            metric_relabel=target.metric_relabel,
         )
         self._last_error = ""
+        self._relabel_error = ""
 
     def run_once(self) -> ShapedScrape:
+        # One wall-clock deadline for fetch and parse: a huge body's parse must not hold up the cycle,
+        # and with it every other target, beyond the scrape timeout.
+        deadline = time.monotonic() + self.timeout_s
         fetched: Fetched = self.scraper.fetch()
         samples = None
         result = "ok"
         error = fetched.error
         if fetched.ok:
             try:
-                samples = parse(fetched.body, fetched.content_type, self.cache, self.sample_limit)
+                samples = parse(
+                    fetched.body, fetched.content_type, self.cache, self.sample_limit, deadline=deadline
+                )
             except SampleLimitExceeded as e:
                 error, result = str(e), "sample_limit"
+            except ParseDeadlineExceeded as e:
+                error, result = str(e), "timeout"
             except ParseError as e:
                 error, result = f"cannot parse exposition: {e}", "parse_error"
         else:
@@ -84,6 +99,7 @@ class TargetLoop:
             if error != self._last_error:
                 log.error("scrape of %s (%s) failed: %s", self.target.name, self.target.url, error)
             self._last_error = error
+            self.metrics.scrape_failed(self.target.name, error, time.time())
         elif self._last_error:
             log.info("scrape of %s recovered", self.target.name)
             self._last_error = ""
@@ -93,6 +109,14 @@ class TargetLoop:
             self.metrics.samples_scraped.labels(self.target.name).inc(len(samples))
         shaped = self.shaper.shape(fetched.timestamp_ms, samples, duration)
         self.metrics.stale_markers.inc(shaped.stale_markers)
+        if shaped.relabel_dropped:
+            self.metrics.samples_relabel_dropped.labels(self.target.name).inc(shaped.relabel_dropped)
+        if shaped.relabel_error:
+            self.metrics.scrape_failed(self.target.name, shaped.relabel_error, time.time())
+        if shaped.relabel_error != self._relabel_error:  # logged once per distinct error
+            if shaped.relabel_error:
+                log.error("scrape of %s failed: %s", self.target.name, shaped.relabel_error)
+            self._relabel_error = shaped.relabel_error
         return shaped
 
 
@@ -102,8 +126,24 @@ class Relay:
         self.metrics = metrics or RelayMetrics()
         self.spool = Spool(s.spool_path, synchronous=s.spool_synchronous, max_bytes=s.spool_max_bytes or None)
         self.ledger = LossLedger(self.spool.losses)
+        # Before anything is shaped: what the last run's open aggregation windows held, if it was killed.
+        self.held = HeldWindows(self.spool.meta, self.ledger)
+        self.held.recover(sorted({t.job for t in s.targets if t.job}))
         self.metrics.spool_max_bytes.set(s.spool_max_bytes)
         self.metrics.attach_ledger(self.ledger.totals)
+        # The flight recorder keeps every raw scrape in the spool file, in room the backlog does not need:
+        # it leaves a batch window's worth free (twice batch.max_bytes, at least 2 MiB) under the cap.
+        self.recorder = FlightRecorder(
+            self.spool.recorder,
+            cluster=s.cluster,
+            node=s.node,
+            max_bytes=s.recorder_max_bytes,
+            max_age_ms=int(s.recorder_max_age_seconds * 1000),
+            interval_ms=int(s.interval_seconds * 1000),
+            block_ms=int(s.recorder_block_seconds * 1000),
+            reserve_bytes=max(2 << 20, 2 * s.batch_max_bytes),
+            metrics=self.metrics,
+        )
         self.loops = [TargetLoop(t, s, self.metrics) for t in s.targets]
         self.encoder = BatchEncoder(
             s.cluster,
@@ -173,6 +213,7 @@ class Relay:
         self.stop_event = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(self.loops)), thread_name_prefix="scrape")
         self.cycles = 0
+        self._last_cycle_at: float | None = None
 
     def _spool(self, shaped: list[ShapedScrape]) -> int:
         """One cycle's scrapes into the spool: staged in the open batch window, or as batches of their
@@ -238,7 +279,9 @@ class Relay:
 
     def cycle(self) -> int:
         """One scrape of every target, spooled. Returns the number of samples spooled."""
+        self._watch_clock(time.time())
         shaped = list(self.pool.map(lambda loop: loop.run_once(), self.loops))
+        raw = shaped  # what the flight recorder keeps: the scrapes before the budget shapes them
         self.ledger.flush()
         self._record_dropped(shaped)
         if self.budget is not None:
@@ -249,6 +292,16 @@ class Relay:
                     job, ts = f'{{job="{s.target}"}}', s.timestamp_ms
                     self.ledger.record(LossReason.DUPLICATE_SAMPLE, job, ts, ts, s.repeated_timestamps)
         spooled = self._spool(shaped)
+        # After the backlog's rows, in a transaction of its own: the recorder takes what room is left,
+        # and never raises (a recorder failure costs neither a batch nor the cycle).
+        self.recorder.record(raw)
+        if self.budget is not None:
+            now_ms = int(time.time() * 1000)
+            held, since_ms = self.budget.held(now_ms)
+            try:
+                self.held.update(held, since_ms, now_ms)
+            except SpoolError as e:
+                log.error("cannot record what the open aggregation windows hold: %s", e)
         try:
             self.retention.enforce(int(time.time() * 1000))
         except SpoolError as e:
@@ -256,10 +309,23 @@ class Relay:
         stats = self.spool.stats()
         if self.budget is not None:
             self.budget.tick(stats.bytes)
+            self.metrics.observe_budget_state(self.budget.controller.state)
         self.cycles += 1
         self.metrics.observe_spool(stats, time.time())
         self.uplink.kick()
         return spooled
+
+    def _watch_clock(self, now: float) -> None:
+        """Say so when the wall clock went back (samples are stamped with it, so the receiver gets
+        them at the stepped time; the budget shaper resets its series state on its own)."""
+        last, self._last_cycle_at = self._last_cycle_at, now
+        if last is not None and now < last - 1.0:
+            self.metrics.clock_steps_back.inc()
+            log.warning(
+                "the wall clock went back by %.1fs since the last cycle (NTP, a manual fix?): samples are "
+                "stamped with the new time; Prometheus needs its out-of-order window for the overlap",
+                last - now,
+            )
 
     def run(self) -> None:
         interval = self.settings.interval_seconds
@@ -286,6 +352,7 @@ class Relay:
                 closed = self.budget.flush_all()
                 if closed is not None:
                     self._spool([closed])
+                self.held.update(0, 0, 0)  # a clean stop: nothing left to record at the next start
             self.window.pack()
             self.uplink.kick()
         except SpoolError as e:
@@ -307,6 +374,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     s = settings_mod.load(args.config)
+    # What `check-config` checks, checked here too: both refuse a config with the same message.
+    checkconfig.validate(s)
     logging.getLogger().setLevel(s.log_level)
     relay = Relay(s)
     server = MetricsServer.start(s.metrics_listen, relay.metrics.registry, ready=lambda: relay.cycles > 0)

@@ -36,6 +36,7 @@ log = logging.getLogger("edge_relay.retention")
 
 _GROUP_ROWS = 16  # batches merged in one degrade step
 _MAX_STEPS = 8  # degrade/evict steps per cycle, so a long backlog never stalls scraping
+_ROOM_SLACK_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +153,15 @@ class Retention:
                 self._evict_oldest(now_ms, size - p.cap_bytes, LossReason.CAP_BYTES)
 
     def make_room(self, now_ms: int, need_bytes: int, reason: LossReason = LossReason.SPOOL_FULL) -> int:
-        """Evict the oldest batches until about ``need_bytes`` are free (a full disk or hard cap)."""
-        return self._evict_oldest(now_ms, max(need_bytes, 1), reason)
+        """Make about ``need_bytes`` free (a full disk or hard cap): the flight recorder's oldest blocks
+        go first (the backlog wins; they were sent already), then the oldest batches."""
+        need = max(need_bytes, 1)
+        # Twice the need and a margin: payload bytes freed are not quite pages freed, and a batch must
+        # not be evicted while the recorder still held blocks.
+        freed = self.spool.recorder.make_room(2 * need + _ROOM_SLACK_BYTES)
+        if freed >= 2 * need + _ROOM_SLACK_BYTES:
+            return freed
+        return freed + self._evict_oldest(now_ms, need, reason)
 
     def _evict_oldest(self, now_ms: int, need_bytes: int, reason: LossReason) -> int:
         rows = self._candidates(now_ms, Order.EVICTION, 64)

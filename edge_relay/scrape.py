@@ -170,7 +170,9 @@ class Scraper:
             error = str(e)
         except (OSError, http.client.HTTPException, ValueError) as e:
             # ValueError: a URL or Location http.client refuses (control characters, bad port).
-            if deadline.expired:
+            # A socket timeout set to the time left can fire a moment before the timer thread marks
+            # the deadline expired: both mean the deadline passed.
+            if deadline.expired or deadline.left() <= 0.05:
                 error = f"timeout after {self.timeout_s:g}s while {phase[0]}"
             else:
                 error = f"{type(e).__name__}: {_short(e)}"

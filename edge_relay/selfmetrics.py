@@ -5,6 +5,7 @@ Each relay process gets its own registry so tests can run several relays in one 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,11 @@ from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     from edge_relay.spool import SpoolStats
+
+# The budget controller's states (``Controller.state``), each a series of edge_relay_budget_state.
+BUDGET_STATES = ("ok", "degraded", "backlogged", "quota_exhausted")
+# A scrape error as a label value: long enough to tell errors apart, short enough for a label.
+ERROR_LABEL_CHARS = 120
 
 
 class RelayMetrics:
@@ -32,6 +38,12 @@ class RelayMetrics:
         self.samples_scraped = Counter(
             "edge_relay_samples_scraped_total", "Samples parsed from targets.", ["target"], registry=r
         )
+        self.samples_relabel_dropped = Counter(
+            "edge_relay_samples_relabel_dropped_total",
+            "Scraped samples metric_relabel_configs dropped (by choice, so not in the loss ledger).",
+            ["target"],
+            registry=r,
+        )
         self.samples_spooled = Counter(
             "edge_relay_samples_spooled_total",
             "Samples written to the spool (scraped, synthetic and stale markers).",
@@ -43,6 +55,11 @@ class RelayMetrics:
         r.register(_LedgerCollector(self))
         self.stale_markers = Counter(
             "edge_relay_stale_markers_total", "Stale markers emitted for vanished series.", registry=r
+        )
+        self.clock_steps_back = Counter(
+            "edge_relay_clock_steps_back_total",
+            "Times the wall clock went back between two scrape cycles (NTP after boot, a manual fix).",
+            registry=r,
         )
         self.batches_spooled = Counter(
             "edge_relay_batches_spooled_total", "Batches written to the spool.", registry=r
@@ -100,6 +117,29 @@ class RelayMetrics:
         self.mqtt_connects = Counter(
             "edge_relay_mqtt_connect_attempts_total", "Connection attempts by result.", ["result"], registry=r
         )
+        # Since when the link is up or down (`edge-relay status` shows it; `time() - x` in PromQL).
+        self.mqtt_connected_since = Gauge(
+            "edge_relay_mqtt_connected_since_timestamp_seconds",
+            "Unix time the current broker connection was established; 0 while disconnected.",
+            registry=r,
+        )
+        self.mqtt_disconnected_since = Gauge(
+            "edge_relay_mqtt_disconnected_since_timestamp_seconds",
+            "Unix time the broker connection was lost (or the relay started, if never connected since); "
+            "0 while connected.",
+            registry=r,
+        )
+        self.mqtt_disconnected_since.set(time.time())
+        self._mqtt_up = False
+        self.scrape_last_error = Gauge(
+            "edge_relay_scrape_last_error_timestamp_seconds",
+            "Unix time of a target's last failed scrape, labelled with that error (its first "
+            f"{ERROR_LABEL_CHARS} characters): one series per target, replaced when the error changes and "
+            "kept after the target recovers.",
+            ["target", "error"],
+            registry=r,
+        )
+        self._error_label: dict[str, str] = {}
         self.ack_latency = Histogram(
             "edge_relay_ack_latency_seconds",
             "Time from the last publication of a batch to its application ack.",
@@ -164,6 +204,63 @@ class RelayMetrics:
         self.budget_reloads = Counter(
             "edge_relay_budget_reloads_total", "Budget file reloads by result.", ["result"], registry=r
         )
+        self.budget_state = Gauge(
+            "edge_relay_budget_state",
+            "1 for the budget controller's state now (ok, degraded, backlogged, quota_exhausted), 0 for the "
+            "others; absent without a budget file.",
+            ["state"],
+            registry=r,
+        )
+
+        # The flight recorder (edge_relay.recorder): raw scrapes kept on the node, not sent.
+        self.recorder_samples = Counter(
+            "edge_relay_recorder_samples_total",
+            "Samples the flight recorder stored at full resolution (raw scrapes, before the budget).",
+            registry=r,
+        )
+        self.recorder_evicted = Counter(
+            "edge_relay_recorder_evicted_samples_total",
+            "Samples the flight recorder gave up, by reason (max_age, max_bytes, backlog_room: the unsent "
+            "backlog or a full disk needed the room). Not losses: they were sent at the budget's resolution.",
+            ["reason"],
+            registry=r,
+        )
+        self.recorder_bytes = Gauge(
+            "edge_relay_recorder_bytes", "Bytes of blocks the flight recorder holds (payloads).", registry=r
+        )
+        self.recorder_oldest = Gauge(
+            "edge_relay_recorder_oldest_timestamp_seconds",
+            "Unix time of the oldest sample the flight recorder holds; 0 when it holds none.",
+            registry=r,
+        )
+        self.recorder_errors = Counter(
+            "edge_relay_recorder_errors_total",
+            "Flight recorder operations that failed (best effort: the cycle and the backlog go on), by op.",
+            ["op"],
+            registry=r,
+        )
+
+    def observe_mqtt(self, connected: bool, now_s: float) -> None:
+        """The broker connection is up or down; the since-gauges move only when that changes."""
+        self.mqtt_connected.set(1 if connected else 0)
+        if connected == self._mqtt_up:
+            return
+        self._mqtt_up = connected
+        self.mqtt_connected_since.set(now_s if connected else 0)
+        self.mqtt_disconnected_since.set(0 if connected else now_s)
+
+    def scrape_failed(self, target: str, error: str, now_s: float) -> None:
+        """A failed scrape of ``target``: its one last-error series now carries ``error``."""
+        label = " ".join(error.split())[:ERROR_LABEL_CHARS]
+        previous = self._error_label.get(target)
+        if previous is not None and previous != label:
+            self.scrape_last_error.remove(target, previous)
+        self._error_label[target] = label
+        self.scrape_last_error.labels(target, label).set(now_s)
+
+    def observe_budget_state(self, state: str) -> None:
+        for s in BUDGET_STATES:
+            self.budget_state.labels(s).set(1 if s == state else 0)
 
     def observe_spool(self, st: SpoolStats, now_s: float) -> None:
         """The spool gauges, from one ``Spool.stats()`` reading."""

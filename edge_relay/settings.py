@@ -5,17 +5,20 @@ Keys, defaults and their documentation live in schemas/edge-relay-config.schema.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
+from edge_relay.relabel import LABEL_NAME, RelabelError, Rule, compile_rules, relabel
 from relay_common import config as config_loader
 from relay_common.config import ConfigError
 from relay_common.mqtt_tls import TLS, tls_from
 from schemas import topics
 
+log = logging.getLogger("edge_relay")
 SCHEMA = "edge-relay-config.schema.json"
 ENV_OVERRIDES: tuple[config_loader.EnvOverride, ...] = (
     ("node", ("EDGE_RELAY_NODE", "NODE_NAME"), str),
@@ -33,6 +36,8 @@ class Target:
     instance: str
     format: str
     labels: dict[str, str]
+    # scrape.metric_relabel_configs, then the target's own list (edge_relay.relabel).
+    metric_relabel: tuple[Rule, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +85,10 @@ class Settings:
     mqtt: MQTT
     metrics_listen: str
     budget_file: str = ""  # resolved against the config file's directory; "" = no budget
+    # The flight recorder (edge_relay.recorder); max_bytes 0 disables it.
+    recorder_max_bytes: int = 0
+    recorder_max_age_seconds: float = 0.0
+    recorder_block_seconds: float = 60.0
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
@@ -94,6 +103,54 @@ def _instance_for(url: str, node: str, key: str, source: str) -> str:
     if not parts.hostname:
         raise ConfigError(f"{source}: key `{key}`: expected a URL with a host, got {url!r}")
     return f"{node}:{port}"
+
+
+def _rules(raw: list[dict[str, Any]], key: str, source: str) -> tuple[Rule, ...]:
+    try:
+        return compile_rules(raw, key)
+    except RelabelError as e:
+        raise ConfigError(f"{source}: {e}") from e
+
+
+def _target(
+    t: dict[str, Any], i: int, node: str, global_rules: tuple[Rule, ...], source: str
+) -> Target | None:
+    """One target, its labels relabeled by its ``relabel_configs``; None if they drop it."""
+    instance = t.get("instance") or _instance_for(t["url"], node, f"targets[{i}].url", source)
+    labels = {"job": t.get("job", t["name"]), "instance": instance, **t["labels"]}
+    target_rules = _rules(t["relabel_configs"], f"targets[{i}].relabel_configs", source)
+    if target_rules:
+        url = urlsplit(t["url"])
+        meta = {
+            "__address__": url.netloc,
+            "__scheme__": url.scheme,
+            "__metrics_path__": url.path or "/",
+            "__meta_edge_relay_target_name": t["name"],
+            "__meta_edge_relay_node": node,
+        }
+        relabeled = relabel(target_rules, {**meta, **labels})
+        if relabeled is None:
+            log.info("target %s is dropped by its relabel_configs: not scraped", t["name"])
+            return None
+        # As in Prometheus: meta labels go, a removed instance comes back (here: its default).
+        labels = {k: v for k, v in relabeled.items() if not k.startswith("__")}
+        labels.setdefault("instance", instance)
+        bad = sorted(k for k in labels if not LABEL_NAME.fullmatch(k))
+        if bad:
+            raise ConfigError(
+                f"{source}: key `targets[{i}].relabel_configs`: expected label names, the rules make {bad}"
+            )
+    job, instance = labels.pop("job", ""), labels.pop("instance")
+    own_rules = _rules(t["metric_relabel_configs"], f"targets[{i}].metric_relabel_configs", source)
+    return Target(
+        name=t["name"],
+        url=t["url"],
+        job=job,
+        instance=instance,
+        format=t["format"],
+        labels=labels,
+        metric_relabel=global_rules + own_rules,
+    )
 
 
 def _beside(source: str, path: str) -> str:
@@ -130,16 +187,11 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         raise ConfigError(f"{source}: key `targets`: target names must be unique, repeated: {duplicates}")
     config_loader.check_range(mqtt, "mqtt", "reconnect_min_seconds", "reconnect_max_seconds", source)
     tls = tls_from(mqtt.get("tls"))
+    global_rules = _rules(scrape["metric_relabel_configs"], "scrape.metric_relabel_configs", source)
     targets = tuple(
-        Target(
-            name=t["name"],
-            url=t["url"],
-            job=t.get("job", t["name"]),
-            instance=t.get("instance") or _instance_for(t["url"], node, f"targets[{i}].url", source),
-            format=t["format"],
-            labels=dict(t["labels"]),
-        )
+        target
         for i, t in enumerate(raw["targets"])
+        if (target := _target(t, i, node, global_rules, source)) is not None
     )
     return Settings(
         source=source,
@@ -182,5 +234,8 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         ),
         metrics_listen=raw["metrics"]["listen"],
         budget_file=_beside(source, raw["budget_file"]),
+        recorder_max_bytes=raw["recorder"]["max_bytes"],
+        recorder_max_age_seconds=float(raw["recorder"]["max_age_seconds"]),
+        recorder_block_seconds=float(raw["recorder"]["block_seconds"]),
         raw=raw,
     )

@@ -3,7 +3,8 @@
 What it does, per target and scrape, the way a Prometheus server does at scrape time:
 - attaches ``job``, ``instance`` and the target's labels (an exposed label of the same name is kept as
   ``exported_<name>``, like ``honor_labels: false``), then ``cluster``/``node`` and external labels
-  where the series has no such label (like ``external_labels``);
+  where the series has no such label (like ``external_labels``); between the two, the target's
+  ``metric_relabel_configs`` (``edge_relay.relabel``), where Prometheus runs them;
 - adds the synthetic series ``up``, ``scrape_duration_seconds``, ``scrape_samples_scraped``;
 - emits a stale marker (the exact NaN 0x7ff0000000000002) for each series that vanished since the
   previous scrape, and for every series when the scrape failed;
@@ -33,10 +34,15 @@ from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from edge_relay import relabel as relabel_mod
 from schemas.codec import DEFAULT_LIMITS, Limits, SeriesChecker, timestamp_in_range
 from schemas.model import STALE_NAN, Labels
 
 ParsedSample = tuple[Labels, float, int | None]
+# What ``decorate`` returns for a series metric relabeling dropped (Prometheus too signals "drop" with an
+# empty label set), and for one it left without ``__name__``: Prometheus fails the whole scrape then.
+RELABEL_DROPPED: Labels = ()
+NAMELESS: Labels = (("", ""),)
 
 
 @dataclass(slots=True)
@@ -54,6 +60,8 @@ class ShapedScrape:
     # Samples a stateful budget class dropped because their series' own timestamp did not advance
     # (ledger: duplicate_sample); set by ``BudgetShaper`` only.
     repeated_timestamps: int = 0
+    relabel_dropped: int = 0  # series metric_relabel_configs dropped: wanted by nobody, not a loss
+    relabel_error: str = ""  # set when relabeling failed the scrape (a series left without __name__)
 
     def __len__(self) -> int:
         return len(self.values)
@@ -68,9 +76,11 @@ class TargetShaper:
         target_labels: dict[str, str],
         fill_labels: dict[str, str],
         limits: Limits = DEFAULT_LIMITS,
+        metric_relabel: tuple[relabel_mod.Rule, ...] = (),
     ) -> None:
         self.target = target
         self.limits = limits
+        self.metric_relabel = metric_relabel
         # job/instance/... override exposed labels; fill labels only fill gaps.
         self.target_labels = dict(sorted(target_labels.items()))
         self.fill_labels = dict(sorted(fill_labels.items()))
@@ -102,12 +112,20 @@ class TargetShaper:
                     exported = f"exported_{exported}"
                 result[exported] = result[name]
             result[name] = value
-        for name, value in self.fill_labels.items():
-            result.setdefault(name, value)
-        decorated: Labels | None = tuple(sorted(result.items()))
-        # Checked once per series (the result is cached): the codec's own rules, limits among them.
-        if self._checker.labels_error(decorated) is not None:
-            decorated = None
+        decorated: Labels | None
+        # Like Prometheus: relabeling sees the target labels, not the external ones filled in below;
+        # a rule that drops the series, or removes every label, drops it.
+        if self.metric_relabel and (not relabel_mod.apply(self.metric_relabel, result) or not result):
+            decorated = RELABEL_DROPPED
+        elif "__name__" not in result:
+            decorated = NAMELESS
+        else:
+            for name, value in self.fill_labels.items():
+                result.setdefault(name, value)
+            decorated = tuple(sorted(result.items()))
+            # Checked once per series (the result is cached): the codec's own rules, limits among them.
+            if self._checker.labels_error(decorated) is not None:
+                decorated = None
         if len(self._decorated) > 4 * max(len(self._previous), 50_000):
             self._decorated.clear()  # bound memory under series churn
             self._checker = SeriesChecker(self.limits)  # it remembers label names: bound it too
@@ -137,6 +155,13 @@ class TargetShaper:
             if final is None:
                 out.over_label_limits += 1
                 continue
+            if not final:
+                out.relabel_dropped += 1
+                continue
+            if final is NAMELESS:
+                failed = self.shape(timestamp_ms, None, duration_s)
+                failed.relabel_error = f"metric relabeling left a series without __name__: {labels}"
+                return failed
             if final in seen:
                 out.duplicates += 1
                 continue

@@ -33,6 +33,11 @@ class StatusReport:
         }
         if st.staged_rows:
             status["staged_samples"] = st.staged_samples
+        # The flight recorder's span: how far back the node can answer at full resolution.
+        rec = self._spool.recorder.stats()
+        if rec.blocks:
+            status["recorder_bytes"] = rec.bytes
+            status["recorder_oldest_ms"] = rec.oldest_ts_ms
         for reason, samples in totals.items():
             status[f"lost_{reason}"] = samples
         if self._controller is not None:

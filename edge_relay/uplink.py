@@ -65,9 +65,10 @@ class AppliedAck:
 def apply_ack(queue: SendQueue, inflight: InFlight, ack: codec.Ack, now: float) -> AppliedAck:
     """What one ack does to the spool: ``ok`` deletes the row; ``rejected`` deletes it together with
     its loss ledger entry (retrying would only loop; deleting silently would lose data without a
-    trace); an ack of another spool incarnation does nothing at all. Every acked seq leaves the
-    in-flight set. Raises SpoolError when the spool cannot apply it (the rows stay; the batches are
-    published again and acked again)."""
+    trace), ``partial`` too, with the count of samples the cloud refused (it wrote the others); an ack
+    of another spool incarnation does nothing at all. Every acked seq leaves the in-flight set. Raises
+    SpoolError when the spool cannot apply it (the rows stay; the batches are published again and
+    acked again)."""
     if not queue.applies(ack.incarnation):
         return AppliedAck(ignored=True)
     latencies: list[float] = []
@@ -75,11 +76,12 @@ def apply_ack(queue: SendQueue, inflight: InFlight, ack: codec.Ack, now: float) 
         sent = inflight.pop(result.seq)
         if sent is not None:
             latencies.append(now - sent)
-    queue.acked([r.seq for r in ack.results if r.result != "rejected"])
+    queue.acked([r.seq for r in ack.results if r.result == "ok"])
     refused: list[tuple[AckResult, LossRecord]] = []
     for result in ack.results:
-        if result.result == "rejected":
-            loss = queue.refused(result.seq, describe_row)
+        if result.result != "ok":
+            count = result.refused if result.result == "partial" else None
+            loss = queue.refused(result.seq, describe_row, samples=count)
             if loss is not None:
                 refused.append((result, loss))
     return AppliedAck(False, latencies, refused)
@@ -263,7 +265,7 @@ class Uplink:
         self._mid_seq.clear()
         self._connected = False
         self.connected_event.clear()
-        self.metrics.mqtt_connected.set(0)
+        self.metrics.observe_mqtt(False, time.time())
 
     def _on_connect(
         self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any, properties: Any
@@ -277,7 +279,7 @@ class Uplink:
         self.connected_event.set()
         self._max_packet = getattr(properties, "MaximumPacketSize", None) if properties is not None else None
         self.metrics.mqtt_connects.labels("connected").inc()
-        self.metrics.mqtt_connected.set(1)
+        self.metrics.observe_mqtt(True, time.time())
         session_present = bool(getattr(flags, "session_present", False))
         log.info(
             "connected to MQTT %s:%d as %s (MQTT %s, session present: %s)",
@@ -302,7 +304,7 @@ class Uplink:
             log.warning("disconnected from MQTT broker: %s", reason_code)
         self._connected = False
         self.connected_event.clear()
-        self.metrics.mqtt_connected.set(0)
+        self.metrics.observe_mqtt(False, time.time())
 
     def _on_publish(
         self, client: mqtt.Client, userdata: Any, mid: int, reason_code: Any, properties: Any
@@ -343,11 +345,14 @@ class Uplink:
                 self.metrics.acked.labels(result.result).inc()
             for result, loss in applied.refused:
                 log.error(
-                    "cloud rejected batch seq=%d (%d samples of %s, in the loss ledger as %s): %s",
+                    "cloud %s batch seq=%d (%d samples of %s refused, in the loss ledger as %s; %d "
+                    "written): %s",
+                    "rejected" if result.result == "rejected" else "partly refused",
                     result.seq,
                     loss.samples,
                     loss.series,
                     loss.reason,
+                    result.written,
                     result.reason,
                 )
         self._publish_inflight()

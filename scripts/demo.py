@@ -10,9 +10,7 @@ directory is kept for inspection and printed at the end).
 from __future__ import annotations
 
 import argparse
-import json
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,22 +19,15 @@ from pathlib import Path
 import requests
 
 from testkit.services import Mosquitto, Prometheus, ServiceError
-from testkit.stack import ingest_config, program, relay_config
+from testkit.stack import SimulatorProcess, ingest_config, program, relay_config
 
-
-def start_simulator(
-    workdir: Path, series: int | None, interval: float
-) -> tuple[subprocess.Popen[str], dict[str, str]]:
-    argv = [sys.executable, "-m", "edge_relay.cli", "simulate", "--interval", str(interval)]
-    for flag in ("--kepler-port", "--kepler07-port", "--dcgm-port", "--node-port"):
-        argv += [flag, "0"]
-    if series:
-        argv += ["--series", str(series)]
-    with open(workdir / "simulator.log", "w") as log:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
-    assert proc.stdout is not None
-    ready = json.loads(proc.stdout.readline())
-    return proc, ready["exporters"]
+# A GPU query to try, per simulated vendor (the names its exporter uses).
+GPU_QUERY = {
+    "nvidia": "DCGM_FI_DEV_GPU_UTIL",
+    "amd": "gpu_gfx_activity",
+    "intel": "hw_gpu_utilization_ratio",
+    "jetson": "gpu_utilization_percentage_Hz",
+}
 
 
 def arrived(prom: Prometheus) -> str:
@@ -57,6 +48,9 @@ def main() -> int:
     ap.add_argument(
         "--duration", type=float, default=0, help="stop after this many seconds (default: Ctrl-C)"
     )
+    ap.add_argument(
+        "--vendor", choices=tuple(GPU_QUERY), default="nvidia", help="simulated GPU node (default nvidia)"
+    )
     args = ap.parse_args()
 
     workdir = Path(tempfile.mkdtemp(prefix="edge-relay-demo-"))
@@ -71,7 +65,8 @@ def main() -> int:
 
     mosquitto = Mosquitto(workdir / "mosquitto", persistence=True).start()
     prom = Prometheus(workdir / "prometheus", ooo_window="2h").start()
-    sim, urls = start_simulator(workdir, args.series, args.interval)
+    sim = SimulatorProcess(workdir, interval=args.interval, series=args.series, vendor=args.vendor).start()
+    urls = sim.urls
     relay_cfg = relay_config(
         workdir, urls=urls, mqtt_port=mosquitto.port, interval=args.interval, openmetrics=("kepler",)
     )
@@ -91,7 +86,7 @@ Local stack is up (working directory {workdir}):
 Try in Prometheus ({prom.url}/graph):
   {query}
   sum by (pod_name) (rate(kepler_container_joules_total[1m]))
-  DCGM_FI_DEV_GPU_UTIL
+  {GPU_QUERY[args.vendor]}
 Press Ctrl-C to stop.
 """,
         flush=True,
@@ -118,8 +113,7 @@ Press Ctrl-C to stop.
         print("stopping...", flush=True)
         relay.stop()
         ingest.stop()
-        sim.terminate()
-        sim.wait(10)
+        sim.stop()
         prom.stop()
         mosquitto.stop()
         print(f"stopped; logs and data kept in {workdir}")

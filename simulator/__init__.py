@@ -1,12 +1,19 @@
-"""Exporter simulator: realistic, deterministic Kepler / dcgm-exporter / node-exporter payloads over HTTP.
+"""Exporter simulator: realistic, deterministic Kepler / GPU exporter / node-exporter payloads over HTTP.
 
 A test and demo tool, not part of the relay: ``edge-relay simulate`` loads it only for that subcommand.
-Four exporters of the fixture node ``edge-gpu-01``, each on its own port, path ``/metrics``:
+Four exporters of the fixture node ``edge-gpu-01`` (``--vendor nvidia``, the default), each on its own
+port, path ``/metrics``:
 
 - ``kepler``: Kepler v0.11.x (client_golang text format; OpenMetrics 1.0 when the Accept header asks),
 - ``kepler-0.7``: the old Kepler line (v0.7.12), text only,
 - ``dcgm``: NVIDIA dcgm-exporter (fixed label order, ``%d`` / ``%f`` numbers), text only,
 - ``node``: node_exporter, text only.
+
+And the GPU exporters of three other fixture nodes (``gpus``; ``--vendor amd|intel|jetson`` serves one
+with node_exporter and, on AMD and Intel, Kepler without its NVML-only GPU series), text only:
+
+- ``amd``: ROCm device-metrics-exporter (port 5000), ``intel``: XPU Manager 2.x xpumd (port 8080),
+- ``jetson``: jetson_stats_node_exporter (its default port 9100 is node_exporter's; served on 9110).
 
 The Kepler and dcgm payloads are the fixtures in ``data/`` brought to life: HELP/TYPE text, metric
 names, label names and order and number formatting are exactly the fixtures'; values move with time,
@@ -20,8 +27,11 @@ Layout:
 - ``base``: shared vocabulary (exporter names, ports, content types, number formatting, load shapes,
   series templates, fixture parsing) and ``data_path``, which locates the package data;
 - ``topology``: the owners of series (pods, the job, clones, static owners), identities, lifecycle;
-- ``kepler``, ``dcgm``, ``node``: one model per exporter, what it exposes and how its values evolve;
+- ``kepler``, ``dcgm``, ``node``, ``gpus``: one model per exporter, what it exposes and how its values
+  evolve;
 - ``model``: ``Simulator``, which puts the models together and renders payloads;
+- ``incidents``: ``Incident`` (thermal runaway, XID burst, power cap, memory leak on one GPU from a
+  tick on), passed as ``Simulator(..., incidents=[...])`` or ``simulate --incident``;
 - ``server``: ``SimulatorServer`` (HTTP) and the ``simulate`` command line;
 - ``data/``: the exporter fixtures (``*.prom``, which tests read through ``data_path``),
   ``topology.json`` (the node's pods) and ``node-exporter.json`` (node_exporter's inventory).
@@ -42,26 +52,41 @@ Value model (why it looks the way it does):
 """
 
 from simulator.base import (
+    ALL_EXPORTERS,
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_OPENMETRICS_001,
     CONTENT_TYPE_SNIFFED,
     CONTENT_TYPE_TEXT,
     DEFAULT_PORTS,
     EXPORTERS,
+    GPU_EXPORTERS,
+    VENDORS,
     data_path,
     format_go_float,
     format_om_float,
 )
+from simulator.incidents import Incident, parse_incident
 from simulator.model import Simulator
-from simulator.server import SimulatorServer, add_arguments, negotiate_openmetrics, run, start_in_thread
+from simulator.server import (
+    SimulatorServer,
+    add_arguments,
+    negotiate_openmetrics,
+    run,
+    start_in_thread,
+    vendor_exporters,
+)
 
 __all__ = [
+    "ALL_EXPORTERS",
     "CONTENT_TYPE_OPENMETRICS",
     "CONTENT_TYPE_OPENMETRICS_001",
     "CONTENT_TYPE_SNIFFED",
     "CONTENT_TYPE_TEXT",
     "DEFAULT_PORTS",
     "EXPORTERS",
+    "GPU_EXPORTERS",
+    "VENDORS",
+    "Incident",
     "Simulator",
     "SimulatorServer",
     "add_arguments",
@@ -69,6 +94,8 @@ __all__ = [
     "format_go_float",
     "format_om_float",
     "negotiate_openmetrics",
+    "parse_incident",
     "run",
     "start_in_thread",
+    "vendor_exporters",
 ]

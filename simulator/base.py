@@ -16,8 +16,29 @@ from typing import Final
 
 DATA_DIR: Final = Path(__file__).resolve().parent / "data"
 
+# The NVIDIA node's exporters (edge-gpu-01), the default set; the other vendors' GPU exporters follow.
 EXPORTERS: Final = ("kepler", "kepler-0.7", "dcgm", "node")
-DEFAULT_PORTS: Final = {"kepler": 28282, "kepler-0.7": 9102, "dcgm": 9400, "node": 9100}
+GPU_EXPORTERS: Final = ("amd", "intel", "jetson")
+ALL_EXPORTERS: Final = EXPORTERS + GPU_EXPORTERS
+# jetson_stats_node_exporter listens on 9100 by default, node_exporter's port: beside node_exporter it
+# runs with --port 9110 (deploy/README.md), and so does its simulation.
+DEFAULT_PORTS: Final = {
+    "kepler": 28282,
+    "kepler-0.7": 9102,
+    "dcgm": 9400,
+    "node": 9100,
+    "amd": 5000,
+    "intel": 8080,
+    "jetson": 9110,
+}
+# What ``edge-relay simulate --vendor`` serves: Kepler (without GPU series off NVIDIA: Kepler 0.11 reads
+# GPUs through NVML only, and Jetson has neither NVML nor RAPL), the GPU exporter, node_exporter.
+VENDORS: Final[dict[str, tuple[str, ...]]] = {
+    "nvidia": EXPORTERS,
+    "amd": ("kepler", "amd", "node"),
+    "intel": ("kepler", "intel", "node"),
+    "jetson": ("jetson", "node"),
+}
 
 CONTENT_TYPE_TEXT: Final = "text/plain; version=0.0.4; charset=utf-8"
 CONTENT_TYPE_OPENMETRICS: Final = "application/openmetrics-text; version=1.0.0; charset=utf-8"
@@ -29,8 +50,8 @@ Pairs = tuple[tuple[str, str], ...]
 
 # Series value kinds.
 CONST, GAUGE, COUNTER = 0, 1, 2
-# Number formats: Go strconv 'g' (client_golang), dcgm-exporter's %d and %f.
-FMT_GO, FMT_INT, FMT_FLOAT = 0, 1, 2
+# Number formats: Go strconv 'g' (client_golang), dcgm-exporter's %d and %f, Python prometheus_client.
+FMT_GO, FMT_INT, FMT_FLOAT, FMT_PY = 0, 1, 2, 3
 # Instance states: running, reported once more as terminated (Kepler v0.11), GPU held by no pod (dcgm).
 RUN, TERM, UNHELD = 0, 1, 2
 # Unit kinds.

@@ -40,10 +40,23 @@ _DCGM_FIELDS: Final[dict[str, tuple[float, float, float] | None]] = {
 }
 
 
-def build(owners: Owners, topo: dict[str, Any]) -> Exposition:
-    """dcgm-exporter's exposition: the fixture's GPU fields, following each GPU's load."""
+# Fields a counters CSV minded for GPU health adds after the default ones (commented out in
+# dcgm-exporter's default-counters.csv): name, type, help. Steady at 0; incidents move them.
+HEALTH_FIELDS: Final = (
+    ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "gauge", "Current clock throttle reasons."),
+    ("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "counter", "Total number of single-bit volatile ECC errors."),
+    ("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "counter", "Total number of double-bit volatile ECC errors."),
+)
+
+
+def build(owners: Owners, topo: dict[str, Any], *, health_fields: bool = False) -> Exposition:
+    """dcgm-exporter's exposition: the fixture's GPU fields, following each GPU's load
+    (``health_fields``: plus ``HEALTH_FIELDS``, after them)."""
     raw = fixture("dcgm-exporter-sample.prom")
-    expo = Exposition([Family(f.name, f.help, f.type) for f in raw], sorted_output=False)
+    families = [Family(f.name, f.help, f.type) for f in raw]
+    if health_fields:
+        families += [Family(name, help_, typ) for name, typ, help_ in HEALTH_FIELDS]
+    expo = Exposition(families, sorted_output=False)
     values: dict[tuple[str, str], float] = {
         (f.name, dict(labels)["gpu"]): float(v) for f in raw for _, labels, v in f.samples
     }
@@ -70,4 +83,12 @@ def build(owners: Owners, topo: dict[str, Any]) -> Exposition:
                 amp, lo, hi = model
                 tpl.kind, tpl.a, tpl.b, tpl.lo, tpl.hi = GAUGE, v0 * (1 - amp), v0 * amp, lo, hi
             unit.add("dcgm", tpl)
+    if health_fields:
+        clocks = next(f for f in raw if f.name == "DCGM_FI_DEV_SM_CLOCK")
+        for i, (name, _, _) in enumerate(HEALTH_FIELDS):
+            for _, labels, _ in clocks.samples:
+                gpu = dict(labels)["gpu"]
+                owners.static(f"gpu{gpu}").add(
+                    "dcgm", Tpl(len(raw) + i, name, labels, CONST, 0.0, fmt=FMT_INT)
+                )
     return expo

@@ -1,7 +1,9 @@
-"""``Simulator``: the four exporter models of one node and ``render``, the payload at a tick.
+"""``Simulator``: the exporter models and ``render``, the payload at a tick.
 
-``render(exporter, tick)`` is a pure function of (seed, series, interval, churn period, enabled
-exporters, exporter, tick); the caches behind it only memoize.
+The NVIDIA node's four (Kepler, Kepler 0.7, dcgm-exporter, node_exporter) and the AMD, Intel and Jetson
+nodes' GPU exporters (``gpus``). ``render(exporter, tick)`` is a pure function of (seed, series,
+interval, churn period, enabled exporters, Kepler GPU series on or off, incidents, dcgm health fields,
+exporter, tick); the caches behind it only memoize.
 """
 
 from __future__ import annotations
@@ -12,8 +14,11 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
-from simulator import dcgm, kepler, node
+from prometheus_client.utils import floatToGoString
+
+from simulator import dcgm, gpus, kepler, node
 from simulator.base import (
+    ALL_EXPORTERS,
     CONTENT_TYPE_OPENMETRICS,
     CONTENT_TYPE_SNIFFED,
     CONTENT_TYPE_TEXT,
@@ -22,6 +27,7 @@ from simulator.base import (
     FLAT,
     FMT_GO,
     FMT_INT,
+    FMT_PY,
     GAUGE,
     RUN,
     STATIC,
@@ -35,6 +41,7 @@ from simulator.base import (
     format_om_float,
     read_data,
 )
+from simulator.incidents import Incident, Overlay, check_gpus, gpu_counts
 from simulator.topology import (
     Owners,
     Pids,
@@ -49,7 +56,13 @@ from simulator.topology import (
 
 
 class Simulator:
-    """Deterministic payloads of the four exporters; ``render`` is pure (caches only memoize)."""
+    """Deterministic payloads of the exporters; ``render`` is pure (caches only memoize).
+
+    ``kepler_gpu=False`` drops Kepler's GPU series, as on a node whose GPUs are not NVIDIA's.
+    ``incidents`` (``simulator.incidents.Incident``) make GPUs misbehave at given ticks;
+    ``dcgm_health_fields`` adds the dcgm-exporter fields a health-minded counters CSV enables
+    (throttle reasons, volatile ECC counts). Both default off: the payloads are then unchanged.
+    """
 
     def __init__(
         self,
@@ -59,6 +72,9 @@ class Simulator:
         *,
         churn_ticks: int = 30,
         exporters: Iterable[str] = EXPORTERS,
+        kepler_gpu: bool = True,
+        incidents: Iterable[Incident] = (),
+        dcgm_health_fields: bool = False,
     ) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
@@ -67,14 +83,15 @@ class Simulator:
         if series is not None and series <= 0:
             raise ValueError("series must be > 0")
         wanted = set(exporters)
-        self.exporters: tuple[str, ...] = tuple(e for e in EXPORTERS if e in wanted)
-        unknown = wanted - set(EXPORTERS)
+        self.exporters: tuple[str, ...] = tuple(e for e in ALL_EXPORTERS if e in wanted)
+        unknown = wanted - set(ALL_EXPORTERS)
         if unknown:
             raise ValueError(f"unknown exporter(s): {', '.join(sorted(unknown))}")
         self.seed = seed
         self.series = series
         self.interval_s = float(interval_s)
         self.churn_ticks = churn_ticks
+        self.kepler_gpu = kepler_gpu
         self._shape_cache: dict[str, Shape] = {}
         topo: dict[str, Any] = json.loads(read_data("topology.json"))
         self.node_name: str = topo["node_name"]
@@ -86,12 +103,24 @@ class Simulator:
         self._expo: dict[str, Exposition] = {
             "kepler": kepler.build(self._owners, topo),
             "kepler-0.7": kepler.build_07(self._owners, topo),
-            "dcgm": dcgm.build(self._owners, topo),
+            "dcgm": dcgm.build(self._owners, topo, health_fields=dcgm_health_fields),
             "node": node.build(self._owners, self.interval_s, seed),
         }
+        uptime = float(topo["kepler_uptime_s"])  # the other nodes' exporters have run as long
+        self._expo["amd"] = gpus.build_amd(self._owners, uptime)
+        self._expo["intel"] = gpus.build_intel(self._owners, uptime)
+        self._expo["jetson"] = gpus.build_jetson(self._owners, uptime)
+        if not kepler_gpu:
+            self._drop_kepler_gpu()
         self._plan_growth(topo)
         # Series per exporter at tick 0 (a replaced pod briefly adds its terminated twin).
-        self.planned_series: dict[str, int] = {e: self._nominal(e) for e in EXPORTERS}
+        self.planned_series: dict[str, int] = {e: self._nominal(e) for e in ALL_EXPORTERS}
+        self.incidents: tuple[Incident, ...] = tuple(incidents)
+        # None without incidents: render's only extra cost is one test per owner and row.
+        self._overlay: Overlay | None = None
+        if self.incidents:
+            check_gpus(self.incidents, gpu_counts(self))
+            self._overlay = Overlay(self, self.incidents)
 
     # public API ------------------------------------------------------------------------------
 
@@ -113,7 +142,7 @@ class Simulator:
         """The payload ``exporter`` serves at ``tick`` (``openmetrics``: Kepler's OpenMetrics form)."""
         expo = self._expo.get(exporter)
         if expo is None:
-            raise ValueError(f"unknown exporter {exporter!r} (one of {', '.join(EXPORTERS)})")
+            raise ValueError(f"unknown exporter {exporter!r} (one of {', '.join(ALL_EXPORTERS)})")
         if openmetrics and not self.supports_openmetrics(exporter):
             raise ValueError(f"{exporter} serves the text format only")
         if tick < 0:
@@ -122,9 +151,11 @@ class Simulator:
         buckets: list[list[tuple[str, str]]] = [[] for _ in expo.families]
         interval = self.interval_s
         fmt_float = format_om_float if openmetrics else format_go_float
+        overlay = self._overlay
         for unit in self._units.values():
             if exporter not in unit.tpls:
                 continue
+            moved = overlay.refs(exporter, unit.key, tick) if overlay is not None else None
             for gen, state, t_eval, t_ref in instances(unit, tick):
                 if state == TERM and exporter != "kepler":
                     continue  # only Kepler v0.11 tracks terminated workloads
@@ -151,12 +182,20 @@ class Simulator:
                             v = tpl.hi
                     else:
                         v = tpl.a
-                    if tpl.fmt == FMT_GO:
+                    if moved is not None:
+                        ref = moved.get(id(tpl))
+                        if ref is not None:
+                            assert overlay is not None
+                            v, prefix = overlay.apply(ref, t_eval, t_ref, v, prefix)
+                    if tpl.fmt == FMT_GO or tpl.fmt == FMT_PY:
                         if tpl.quantum:
                             v = float(round(v / tpl.quantum) * tpl.quantum)
                         elif tpl.dec is not None:
                             v = float(round(v, tpl.dec))
-                        text = str(round(v)) if tpl.om_int and openmetrics else fmt_float(v)
+                        if tpl.fmt == FMT_PY:
+                            text = floatToGoString(v)
+                        else:
+                            text = str(round(v)) if tpl.om_int and openmetrics else fmt_float(v)
                     elif tpl.fmt == FMT_INT:
                         text = f"{round(v):d}"
                     else:
@@ -175,6 +214,15 @@ class Simulator:
         if openmetrics:
             out.append("# EOF\n")
         return "".join(out).encode()
+
+    def _drop_kepler_gpu(self) -> None:
+        """Kepler on a node without NVML: no GPU family at all (Kepler 0.11 reads GPUs through NVML)."""
+        for exporter in ("kepler", "kepler-0.7"):
+            families = self._expo[exporter].families
+            for unit in self._units.values():
+                tpls = unit.tpls.get(exporter)
+                if tpls is not None:
+                    unit.tpls[exporter] = [t for t in tpls if "_gpu" not in families[t.fam].name]
 
     # shapes and identities (memoized, deterministic) -----------------------------------------
 

@@ -26,7 +26,8 @@ from types import FrameType
 from typing import IO, Any
 from urllib.parse import urlsplit
 
-from simulator.base import CONTENT_TYPE_OPENMETRICS_001, DEFAULT_PORTS, EXPORTERS
+from simulator.base import ALL_EXPORTERS, CONTENT_TYPE_OPENMETRICS_001, DEFAULT_PORTS, EXPORTERS, VENDORS
+from simulator.incidents import Incident, parse_incident
 from simulator.model import Simulator
 
 log = logging.getLogger(__name__)
@@ -163,7 +164,7 @@ class SimulatorServer:
             dict(ports) if ports is not None else dict.fromkeys(simulator.exporters, 0)
         )
         for exporter in self.ports:
-            if exporter not in EXPORTERS:
+            if exporter not in ALL_EXPORTERS:
                 raise ValueError(f"unknown exporter {exporter!r}")
         self.served_log = Path(served_log) if served_log is not None else None
         self.fail_every = fail_every
@@ -173,7 +174,7 @@ class SimulatorServer:
         self._servers: dict[str, _ExporterHTTPServer] = {}
         self._threads: list[threading.Thread] = []
         self._cache: dict[tuple[str, int, bool, bool], bytes] = {}
-        self._locks = {e: threading.Lock() for e in EXPORTERS}
+        self._locks = {e: threading.Lock() for e in ALL_EXPORTERS}
         self._log_lock = threading.Lock()
         self._log_file: IO[str] | None = None
 
@@ -321,29 +322,69 @@ def start_in_thread(
     host: str = "127.0.0.1",
     served_log: str | Path | None = None,
     fail_every: int = 0,
+    vendor: str | None = None,
+    incidents: Iterable[Incident] = (),
+    dcgm_health_fields: bool = False,
 ) -> SimulatorServer:
-    """A started SimulatorServer on free loopback ports (``.urls``, ``.stop()``)."""
-    sim = Simulator(seed, series, interval_s, churn_ticks=churn_ticks, exporters=exporters)
+    """A started SimulatorServer on free loopback ports (``.urls``, ``.stop()``); ``vendor`` (one of
+    ``VENDORS``) serves that vendor's node instead of ``exporters``."""
+    if vendor is not None:
+        exporters = vendor_exporters(vendor)
+    sim = Simulator(
+        seed,
+        series,
+        interval_s,
+        churn_ticks=churn_ticks,
+        exporters=exporters,
+        kepler_gpu=vendor in (None, "nvidia"),
+        incidents=incidents,
+        dcgm_health_fields=dcgm_health_fields,
+    )
     return SimulatorServer(sim, host=host, served_log=served_log, fail_every=fail_every).start()
+
+
+def vendor_exporters(vendor: str) -> tuple[str, ...]:
+    """The exporters ``simulate --vendor`` serves for ``vendor``."""
+    try:
+        return VENDORS[vendor]
+    except KeyError:
+        raise ValueError(f"unknown vendor {vendor!r} (one of {', '.join(VENDORS)})") from None
 
 
 # --- command line -------------------------------------------------------------------------------
 
+# (option stem, exporter) of the --<stem>-port options.
+# (command-line option stem, exporter): ``--<stem>-port``.
+PORT_OPTIONS = (
+    ("kepler", "kepler"),
+    ("kepler07", "kepler-0.7"),
+    ("dcgm", "dcgm"),
+    ("node", "node"),
+    ("amd", "amd"),
+    ("intel", "intel"),
+    ("jetson", "jetson"),
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    for name, exporter in (
-        ("kepler", "kepler"),
-        ("kepler07", "kepler-0.7"),
-        ("dcgm", "dcgm"),
-        ("node", "node"),
-    ):
+    parser.add_argument(
+        "--vendor",
+        choices=tuple(VENDORS),
+        default="nvidia",
+        help="which GPU node to simulate (default nvidia): nvidia = Kepler, Kepler 0.7, dcgm-exporter, "
+        "node_exporter; amd = Kepler (no GPU series), ROCm device-metrics-exporter, node_exporter; intel = "
+        "Kepler (no GPU series), xpumd, node_exporter; jetson = jetson_stats_node_exporter, node_exporter",
+    )
+    for name, exporter in PORT_OPTIONS:
+        vendors = [v for v, exporters in VENDORS.items() if exporter in exporters]
         parser.add_argument(
             f"--{name}-port",
             type=int,
-            default=DEFAULT_PORTS[exporter],
+            default=None,
             metavar="PORT",
-            help=f"{exporter} port (default {DEFAULT_PORTS[exporter]}; 0: any free port; -1: disabled)",
+            help=f"{exporter} port (default {DEFAULT_PORTS[exporter]} with --vendor {'|'.join(vendors)}, "
+            "else disabled; 0: any free port; -1: disabled)",
         )
     parser.add_argument(
         "--series",
@@ -374,15 +415,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="answer HTTP 500 on every K-th tick (default off)",
     )
+    parser.add_argument(
+        "--incident",
+        action="append",
+        type=_incident_arg,
+        default=[],
+        metavar="KIND:gpu=N:at=TICK:for=TICKS",
+        help="make GPU N misbehave from tick TICK for TICKS ticks (repeatable); KIND: thermal (runaway, "
+        "then throttling), xid (XID burst, ECC / row remap counters, the app dies), powercap (power at "
+        "the limit, clocks down), memleak (frame buffer used grows to the total)",
+    )
+    parser.add_argument(
+        "--dcgm-health-fields",
+        action="store_true",
+        help="dcgm-exporter also serves DCGM_FI_DEV_CLOCK_THROTTLE_REASONS and the volatile ECC counters "
+        "(as with a counters CSV that enables them)",
+    )
+
+
+def _incident_arg(spec: str) -> Incident:
+    try:
+        return parse_incident(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
-    ports = {
-        "kepler": args.kepler_port,
-        "kepler-0.7": args.kepler07_port,
-        "dcgm": args.dcgm_port,
-        "node": args.node_port,
-    }
+    # An explicit port serves that exporter whatever the vendor; the vendor's own get their defaults.
+    served = VENDORS[args.vendor]
+    ports: dict[str, int] = {}
+    for name, exporter in PORT_OPTIONS:
+        port = getattr(args, f"{name}_port")
+        if port is None:
+            port = DEFAULT_PORTS[exporter] if exporter in served else -1
+        ports[exporter] = port
     enabled = {e: p for e, p in ports.items() if p != -1}
     problems = []
     if not enabled:
@@ -401,7 +467,20 @@ def run(args: argparse.Namespace) -> int:
         for p in problems:
             print(f"simulate: {p}", file=sys.stderr)
         return 2
-    sim = Simulator(args.seed, args.series, args.interval, churn_ticks=args.churn_ticks, exporters=enabled)
+    try:
+        sim = Simulator(
+            args.seed,
+            args.series,
+            args.interval,
+            churn_ticks=args.churn_ticks,
+            exporters=enabled,
+            kepler_gpu=args.vendor == "nvidia",
+            incidents=args.incident,
+            dcgm_health_fields=args.dcgm_health_fields,
+        )
+    except ValueError as e:  # an incident on a GPU the node does not have, or two that overlap
+        print(f"simulate: {e}", file=sys.stderr)
+        return 2
     server = SimulatorServer(
         sim, host=args.host, ports=enabled, served_log=args.served_log, fail_every=args.fail_every
     )
@@ -430,7 +509,15 @@ def run(args: argparse.Namespace) -> int:
             "series": {e: sim.planned_series[e] for e in sim.exporters},
             "start_ms": server.start_ms,
             "interval_s": sim.interval_s,
+            "vendor": args.vendor,
         }
+        if sim.incidents:  # what an oracle needs to recompute the payloads (absent by default)
+            ready["incidents"] = [
+                {"kind": i.kind, "gpu": i.gpu, "start_tick": i.start_tick, "duration_ticks": i.duration_ticks}
+                for i in sim.incidents
+            ]
+        if args.dcgm_health_fields:
+            ready["dcgm_health_fields"] = True
         print(json.dumps(ready), flush=True)
         while not stop.wait(0.5):
             pass

@@ -22,4 +22,7 @@ network faults, remote-write mocks and taps, and the oracle.  Not part of the pr
 - ``readings``: ``/proc`` CPU and RSS, sizes on disk, a ``/metrics`` page.
 - ``edge_systems``: the benches' three edge systems (ours, Prometheus agent, vmagent), each with its
   simulator, link proxy, tap and receiver.
+- ``exporters``: ``ScriptedExporter``, an exposition computed per request (or a body per path).
+- ``hostile``: hostile inputs for the fault tests and bench: a trickling exporter, a QoS 0 flooder,
+  well-formed batches of another node, and readers of the ledger, dead letters and spool by series.
 """

@@ -23,11 +23,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 
 import requests
+import yaml
 
 from schemas.model import STALE_NAN
 
@@ -424,10 +425,13 @@ class Prometheus(HttpService):
         port: int | None = None,
         ooo_window: str | None = "2h",
         extra_flags: Sequence[str] = (),
+        scrape_configs: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         super().__init__(tmpdir, port)
         self.ooo_window = ooo_window
         self.extra_flags = tuple(extra_flags)
+        # Prometheus `scrape_configs` entries (jobs), written as given; none by default.
+        self.scrape_configs = [dict(job) for job in scrape_configs]
         self.config_path = self.dir / "prometheus.yml"
         self.data_dir = self.dir / "data"
 
@@ -441,6 +445,8 @@ class Prometheus(HttpService):
             # Without this window (Prometheus >= 2.39) any sample older than its series' newest one
             # is rejected with "out of order sample".
             config += f"storage:\n  tsdb:\n    out_of_order_time_window: {self.ooo_window}\n"
+        if self.scrape_configs:
+            config += yaml.safe_dump({"scrape_configs": self.scrape_configs}, sort_keys=False)
         self.config_path.write_text(config)
         return [
             self.binary,

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,6 +79,25 @@ def program(name: str, module: str, config: Path, workdir: Path, *extra: str) ->
     return Program(
         name, [sys.executable, "-m", module, "run", "--config", str(config), *extra], workdir / f"{name}.log"
     )
+
+
+def run_relay_and_ingester(
+    workdir: Path, relay_cfg: Path, ingest_cfg: Path, seconds: float, *, drain_seconds: float = 20
+) -> Program:
+    """cloud-ingest and edge-relay for ``seconds``, then a clean stop of both (the relay drains its
+    spool, up to ``drain_seconds``, before the ingester stops). Returns the stopped relay, for its log;
+    raises AssertionError with the relay's log when it died or did not stop cleanly."""
+    ingest = program("cloud-ingest", "cloud_ingest.cli", ingest_cfg, workdir).start()
+    relay = program("edge-relay", "edge_relay.cli", relay_cfg, workdir, "--drain-seconds", str(drain_seconds))
+    relay.start()
+    try:
+        time.sleep(seconds)
+        assert relay.alive(), relay.log_tail()
+        assert relay.stop() == 0, relay.log_tail()
+    finally:
+        relay.kill()
+        ingest.stop()
+    return relay
 
 
 def write_yaml(path: Path, data: dict[str, Any]) -> Path:
@@ -156,15 +176,27 @@ class SimulatorProcess:
         interval: float = 1.0,
         churn_ticks: int = 30,
         series: int | None = None,
+        vendor: str = "nvidia",
     ) -> None:
         from simulator import Simulator
+        from simulator.server import PORT_OPTIONS, vendor_exporters
 
-        self.simulator = Simulator(seed, series, interval, churn_ticks=churn_ticks)
+        exporters = vendor_exporters(vendor)
+        self.simulator = Simulator(
+            seed,
+            series,
+            interval,
+            churn_ticks=churn_ticks,
+            exporters=exporters,
+            kepler_gpu=vendor == "nvidia",
+        )
         self.served_log = workdir / "served.jsonl"
         self.argv = [sys.executable, "-m", "edge_relay.cli", "simulate", "--seed", str(seed)]
-        self.argv += ["--interval", str(interval), "--churn-ticks", str(churn_ticks)]
+        self.argv += ["--vendor", vendor, "--interval", str(interval), "--churn-ticks", str(churn_ticks)]
         self.argv += ["--served-log", str(self.served_log)]
-        self.argv += ["--kepler-port", "0", "--kepler07-port", "0", "--dcgm-port", "0", "--node-port", "0"]
+        for option, exporter in PORT_OPTIONS:  # every one of the vendor's exporters on a free port
+            if exporter in exporters:
+                self.argv += [f"--{option}-port", "0"]
         if series:
             self.argv += ["--series", str(series)]
         self.log_path = workdir / "simulator.log"

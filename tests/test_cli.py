@@ -84,7 +84,8 @@ def test_edge_relay_without_command_is_a_usage_error() -> None:
 
 
 def test_edge_relay_check_config_example() -> None:
-    r = cli("edge-relay", "check-config", "--config", "deploy/examples/edge-relay.yaml")
+    # --config-only: the example's spool directory (/var/lib/...) is the node's, not this machine's.
+    r = cli("edge-relay", "check-config", "--config-only", "--config", "deploy/examples/edge-relay.yaml")
     assert r.returncode == 0, r.stderr
     last = r.stdout.rstrip("\n").splitlines()[-1]
     assert last.startswith("# OK")
@@ -96,7 +97,14 @@ def test_edge_relay_check_config_example() -> None:
 
 
 def test_edge_relay_check_config_honours_env() -> None:
-    r = cli("edge-relay", "check-config", "--config", str(EDGE_EXAMPLE), env={"NODE_NAME": "from-env"})
+    r = cli(
+        "edge-relay",
+        "check-config",
+        "--config-only",
+        "--config",
+        str(EDGE_EXAMPLE),
+        env={"NODE_NAME": "from-env"},
+    )
     assert r.returncode == 0, r.stderr
     assert "node from-env" in r.stdout
 
@@ -158,7 +166,7 @@ def test_cloud_ingest_run_help() -> None:
 
 
 def test_cloud_ingest_check_config_example() -> None:
-    r = cli("cloud-ingest", "check-config", "--config", "deploy/examples/cloud-ingest.yaml")
+    r = cli("cloud-ingest", "check-config", "--config-only", "--config", "deploy/examples/cloud-ingest.yaml")
     assert r.returncode == 0, r.stderr
     last = r.stdout.rstrip("\n").splitlines()[-1]
     assert last.startswith("# OK")

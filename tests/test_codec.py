@@ -268,7 +268,7 @@ def test_golden_batch_bytes_stable(path: Path) -> None:
 def test_golden_ack(path: Path) -> None:
     expected = _expected(path)["decoded"]
     ack = codec.decode_ack(path.read_bytes())
-    assert {"v": ack.v, "node": ack.node, "results": [list(r) for r in ack.results]} == expected
+    assert {"v": ack.v, "node": ack.node, "results": [list(r[:3]) for r in ack.results]} == expected
     results = [AckResult(*r) for r in expected["results"]]
     assert codec.encode_ack(expected["node"], results) == path.read_bytes()
 
@@ -320,7 +320,7 @@ _case("truncated", _small[:20])
 _case("bad_magic", b"XRB\x01" + _small[4:])
 _case("bad_magic", b"\x00")
 _case("unknown_version", b"ERB\x00" + _small[4:])
-_case("unknown_version", b"ERB\x03" + _small[4:])
+_case("unknown_version", b"ERB\x04" + _small[4:])
 _case("oversized", _small, _limits(max_payload_bytes=len(_small) - 1))
 _case("oversized", b"ERB\x01" + bytes(DEFAULT_LIMITS.max_payload_bytes))
 _case("limit_exceeded", mg.raw_envelope(mg.header_for(b"x", extra="y" * 2000)))
@@ -368,6 +368,8 @@ _case("length_mismatch", env([UP], [{"t": T0, "s": bytes(4), "v": bytes(8), "ts"
 _case("bad_timestamp", env([UP], [sample(t=-1)], t0=0, t1=0))
 _case("bad_timestamp", env([UP], [sample(t=2**64 - 1)], t0=0, t1=0))
 _case("bad_timestamp", env([UP], [{**sample(), "ts": struct.pack("<q", -5)}], t0=0, t1=0))
+# A v3 delta frame decodes only against its state (tests/test_codec_v3.py has the rest of v3).
+_case("need_state", (GOLDEN / "v3" / "v3_invalid_need_state.bin").read_bytes())
 
 
 def test_every_reason_has_a_case() -> None:
@@ -814,18 +816,68 @@ def test_ack_round_trip_and_ranges() -> None:
     ]
 
 
+_COUNT = st.integers(1, 2**63 - 1)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.dictionaries(
         st.integers(1, 2**63 - 1),
-        st.one_of(st.just(("ok", None)), st.tuples(st.just("rejected"), st.text(min_size=1, max_size=20))),
+        st.one_of(
+            st.just(("ok", None, 0, 0)),
+            st.tuples(st.just("rejected"), st.text(min_size=1, max_size=20), st.just(0), st.just(0)),
+            st.tuples(st.just("partial"), st.text(min_size=1, max_size=20), _COUNT, _COUNT),
+        ),
         max_size=50,
     )
 )
-def test_ack_property(entries: dict[int, tuple[str, str | None]]) -> None:
-    results = [AckResult(seq, kind, reason) for seq, (kind, reason) in entries.items()]  # type: ignore[arg-type]
+def test_ack_property(entries: dict[int, tuple[str, str | None, int, int]]) -> None:
+    results = [AckResult(seq, *outcome) for seq, outcome in entries.items()]  # type: ignore[arg-type]
     ack = codec.decode_ack(codec.encode_ack("n", results))
     assert ack.results == sorted(results)
+
+
+def test_partial_ack_wire_form() -> None:
+    data = codec.encode_ack("edge-01", [AckResult(7, "partial", "out of bounds", 120, 3), AckResult(8, "ok")])
+    assert json.loads(data) == {
+        "v": 1,
+        "node": "edge-01",
+        "ok": [8],
+        "partial": [[7, 120, 3, "out of bounds"]],
+    }
+    assert codec.decode_ack(data).results[0] == AckResult(7, "partial", "out of bounds", 120, 3)
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        {"partial": [[7, 0, 3, "x"]]},  # nothing written: that is a rejection
+        {"partial": [[7, 5, 0, "x"]]},  # nothing refused: that is an ok
+        {"partial": [[7, 5, True, "x"]]},
+        {"partial": [[7, 5, 3]]},
+        {"partial": [[7, 5, 3, ""]]},
+        {"partial": [[7, 5, 3, "x"]], "ok": [7]},
+        {"partial": {"7": [5, 3, "x"]}},
+    ],
+)
+def test_partial_ack_refused_when_malformed(wire: dict[str, object]) -> None:
+    data = json.dumps({"v": 1, "node": "n", **wire}).encode()
+    with pytest.raises(codec.DecodeError) as err:
+        codec.decode_ack(data)
+    assert err.value.reason == "malformed"
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        AckResult(1, "ok", None, 5, 0),
+        AckResult(1, "rejected", "x", 0, 2),
+        AckResult(1, "partial", None, 1, 1),
+    ],
+)
+def test_counts_only_on_partial_results(result: AckResult) -> None:
+    with pytest.raises(codec.EncodeError):
+        codec.encode_ack("n", [result])
 
 
 @pytest.mark.parametrize(

@@ -145,7 +145,7 @@ def test_version_selection() -> None:
     assert codec.CURRENT_FORMAT_VERSION == codec.FORMAT_V2
     assert codec.encode_batch(batch)[:4] == b"ERB\x02"  # v2 is the default
     assert codec.encode_batch(batch, version=codec.FORMAT_V2) == codec.encode_batch(batch)
-    for bad in (0, 3, "2"):
+    for bad in (0, 4, "2"):
         with pytest.raises(EncodeError) as info:
             codec.encode_batch(batch, version=bad)  # type: ignore[arg-type]
         assert info.value.reason == "unknown_version"
@@ -556,7 +556,7 @@ def _case(reason: str, data: bytes, limits: Limits = DEFAULT_LIMITS) -> None:
 _case("truncated", _SMALL_DATA[:3])
 _case("truncated", _SMALL_DATA[:30])
 _case("bad_magic", b"XRB" + _SMALL_DATA[3:])
-_case("unknown_version", b"ERB\x03" + _SMALL_DATA[4:])
+_case("unknown_version", b"ERB\x04" + _SMALL_DATA[4:])
 _case("oversized", _SMALL_DATA, Limits(max_payload_bytes=len(_SMALL_DATA) - 1))
 _case("limit_exceeded", mg.raw_envelope(mg.header_for(b"", codec=codec.CODEC_V2, pad="x" * 2000), version=V2))
 _case("malformed", _SMALL_DATA + b"\x00")
@@ -618,7 +618,8 @@ _case("bad_timestamp", _env({"TIMES": uv(2, 2**63 - 2, 5)}, t0=2**63 - 2, t1=2**
 def test_every_reason_has_a_v2_case() -> None:
     # duplicate_sample cannot be written in v2 (a series has one value per timestamp by construction):
     # only the encoder raises it, see test_equal_duplicates_merge_and_conflicts_are_refused.
-    assert set(REASON_CASES) == codec.REASONS - {"duplicate_sample"}
+    # need_state is v3's (a delta frame without its state): tests/test_codec_v3.py.
+    assert set(REASON_CASES) == codec.REASONS - {"duplicate_sample", "need_state"}
 
 
 @pytest.mark.parametrize(

@@ -188,8 +188,26 @@ def test_future_timestamp_refused() -> None:
     assert (err.cluster, err.node, err.seq) == (CLUSTER, NODE, 5)
 
 
-def test_future_explicit_sample_timestamp_refused() -> None:
+def test_future_sample_is_split_off_and_the_rest_kept() -> None:
+    # One series an hour ahead (its own explicit timestamp) must not cost the other of the scrape.
     data = payload(make_batch(seq=6, ts=NOW_MS, timestamps=[NOW_MS - 1000, NOW_MS + 10_000_000]))
+    out = run(TOPIC, data)
+    assert out.batch.seq == 6 and out.batch.sample_count == 1
+    assert out.batch.labelsets[out.batch.scrapes[0].series[0]][0] == ("__name__", "kepler_node_joules_total")
+    assert [b.sample_timestamp(0) for b in out.batch.scrapes] == [NOW_MS - 1000]
+    assert out.refused is not None and out.refused.seq == 6
+    assert out.refused_reason.startswith("future_timestamp: 1 sample(s)")
+    # The refused part is a batch of its own, with the topic's identity, that encodes and decodes again
+    # (the dead letter is replayable), the stale marker's bits intact.
+    again = codec.decode_batch(codec.encode_batch(out.refused))
+    assert [dict(ls)["__name__"] for ls in again.labelsets] == ["up"]
+    assert dict(again.labelsets[0])["node"] == NODE
+    assert [float_bits(v) for v in again.scrapes[0].values] == [float_bits(STALE_NAN)]
+    assert again.last_timestamp_ms == NOW_MS + 10_000_000
+
+
+def test_all_future_samples_refuse_the_batch() -> None:
+    data = payload(make_batch(seq=6, ts=NOW_MS, timestamps=[NOW_MS + 10_000_000, NOW_MS + 10_000_001]))
     err = refused(TOPIC, data)
     assert err.reason == "future_timestamp"
     assert err.seq == 6

@@ -3,7 +3,8 @@
 Any interleaving of scrapes, publications, the cloud writing or refusing batches, acks delivered late,
 twice, lost or forged, ack timeouts, restarts, spool recreation and clock steps keeps the promise: every
 scraped sample is in the spool, in the receiver, or in the loss ledger (refused by the cloud, so in a
-dead letter too), and none is in both the receiver and the ledger. The uplink's own ack logic
+dead letter too), and none is in both the receiver and the ledger. The cloud may refuse a batch
+whole or only some of its samples (a ``partial`` ack with counts). The uplink's own ack logic
 (``edge_relay.uplink.apply_ack``) is what runs here; only MQTT is replaced by lists.
 """
 
@@ -48,7 +49,8 @@ class Delivery(RuleBasedStateMachine):
         self.ids = itertools.count(1)
         self.scraped: set[int] = set()
         self.rows: dict[tuple[int, int], frozenset[int]] = {}  # (incarnation, seq) -> sample ids
-        self.outcome: dict[tuple[int, int], str] = {}  # the cloud's verdict on a batch, once made
+        # The cloud's verdict on a batch, once made: the samples it refused (none: "ok").
+        self.outcome: dict[tuple[int, int], frozenset[int]] = {}
         self.written: set[int] = set()  # in the receiver
         self.dead: set[int] = set()  # in the cloud's dead letters
         self.refused: set[int] = set()  # deleted at the edge by a "rejected" ack, so in the ledger
@@ -132,17 +134,22 @@ class Delivery(RuleBasedStateMachine):
     # --- the cloud -----------------------------------------------------------------------------
 
     @precondition(lambda self: self.transit)
-    @rule(data=st.data(), refuse=st.booleans())
-    def cloud_processes(self, data: st.DataObject, refuse: bool) -> None:
+    @rule(data=st.data())
+    def cloud_processes(self, data: st.DataObject) -> None:
         inc, seq, ids = self.transit.pop(data.draw(st.integers(0, len(self.transit) - 1)))
         # A batch's verdict does not change when it comes again (the same bytes, the same receiver).
-        verdict = self.outcome.setdefault((inc, seq), "rejected" if refuse else "ok")
-        if verdict == "ok":
-            self.written |= ids
-            self.acks.append(Ack(NODE, [AckResult(seq, "ok")], incarnation=inc))
+        bad = self.outcome.get((inc, seq))
+        if bad is None:
+            bad = self.outcome[(inc, seq)] = frozenset(data.draw(st.sets(st.sampled_from(sorted(ids)))))
+        self.written |= ids - bad
+        self.dead |= bad
+        if not bad:
+            result = AckResult(seq, "ok")
+        elif bad == ids:
+            result = AckResult(seq, "rejected", "out_of_bounds")
         else:
-            self.dead |= ids
-            self.acks.append(Ack(NODE, [AckResult(seq, "rejected", "out_of_bounds")], incarnation=inc))
+            result = AckResult(seq, "partial", "out_of_bounds", len(ids - bad), len(bad))
+        self.acks.append(Ack(NODE, [result], incarnation=inc))
 
     @precondition(lambda self: self.acks)
     @rule(data=st.data(), again=st.booleans())
@@ -151,7 +158,7 @@ class Delivery(RuleBasedStateMachine):
         ack = self.acks[i] if again else self.acks.pop(i)  # "again": the broker redelivers it later
         applied = apply_ack(self.queue, self.inflight, ack, self.clock.now_s())
         for result, _loss in applied.refused:
-            self.refused |= self.rows[(ack.incarnation, result.seq)]
+            self.refused |= self.outcome[(ack.incarnation, result.seq)]
 
     @precondition(lambda self: self.acks)
     @rule(data=st.data())

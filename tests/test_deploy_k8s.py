@@ -52,6 +52,9 @@ KUSTOMIZATIONS = {
     "base-edge": DEPLOY / "kubernetes/base/edge",
     "base-cloud": DEPLOY / "kubernetes/base/cloud",
     "cloud-scaleout": DEPLOY / "kubernetes/overlays/cloud-scaleout",
+    # GPU nodes of other vendors: the edge overlay with their exporter in place of dcgm-exporter.
+    "edge-amd": DEPLOY / "kubernetes/overlays/edge-amd",
+    "edge-intel": DEPLOY / "kubernetes/overlays/edge-intel",
 }
 SCALEOUT = DEPLOY / "kubernetes/overlays/cloud-scaleout"
 # Builds of an overlay with a kustomize Component added, as an operator's own overlay would do it.
@@ -185,7 +188,7 @@ def test_kustomization_builds(name: str) -> None:
     objs = build(name)
     assert objs
     kinds = {o["kind"] for o in objs}
-    if name.endswith("edge") or name == "kubeedge-bridge":
+    if name.endswith("edge") or name.startswith("edge-") or name == "kubeedge-bridge":
         assert {"DaemonSet", "NetworkPolicy", "ConfigMap"} <= kinds
     else:
         assert {"Deployment", "StatefulSet", "Service", "PodDisruptionBudget"} <= kinds
@@ -372,6 +375,66 @@ def test_edge_daemonset_keeps_its_promises(name: str, tmp_path: Path) -> None:
     assert "SYS_ADMIN" in container(dcgm, "dcgm-exporter")["securityContext"]["capabilities"]["add"]
     assert EDGE_TOLERATION in pod_spec(dcgm)["tolerations"]
     assert pod_spec(dcgm)["nodeSelector"] == spec["nodeSelector"]
+
+
+# (PCI vendor id in node-feature-discovery's label, exporter, its port, relay target, budget presets)
+GPU_OVERLAYS = {
+    "edge": ("10de", "dcgm-exporter", 9400, "dcgm", "dcgm"),
+    "edge-amd": ("1002", "amd-device-metrics-exporter", 5000, "amd-gpu", "amd"),
+    "edge-intel": ("8086", "xpumd", 8080, "intel-gpu", "intel"),
+}
+
+
+@pytest.mark.parametrize("name", list(GPU_OVERLAYS))
+def test_gpu_overlays_run_their_vendors_exporter(name: str, tmp_path: Path) -> None:
+    """Each GPU overlay: its exporter (and no other vendor's) on the nodes NFD labels with the vendor,
+    Kepler + relay beside it, the relay scraping it through a node-local Service, the NetworkPolicy
+    open to it alone, the budget on the vendor's presets, Kepler's GPU power switched on."""
+    pci, exporter, port, target, preset = GPU_OVERLAYS[name]
+    objs = build(name)
+    daemonsets = {o["metadata"]["name"]: o for o in objs if o["kind"] == "DaemonSet"}
+    assert set(daemonsets) == {"kepler-edge-relay", exporter}
+    ds, exp = daemonsets["kepler-edge-relay"], daemonsets[exporter]
+    selector = pod_spec(ds)["nodeSelector"]
+    if name == "edge":
+        assert selector["feature.node.kubernetes.io/gpu"] == "true"
+    else:
+        assert selector[f"feature.node.kubernetes.io/pci-{pci}.present"] == "true"
+        assert "feature.node.kubernetes.io/gpu" not in selector
+        # No NVML here: Kepler keeps no NVIDIA runtime settings, nor its toleration.
+        assert not any(e["name"].startswith("NVIDIA_") for e in container(ds, "kepler")["env"])
+        assert all(t.get("key") != "nvidia.com/gpu" for t in pod_spec(ds)["tolerations"])
+    assert pod_spec(exp)["nodeSelector"] == selector
+    assert EDGE_TOLERATION in pod_spec(ds)["tolerations"] and EDGE_TOLERATION in pod_spec(exp)["tolerations"]
+    assert [p["containerPort"] for p in pod_spec(exp)["containers"][0]["ports"]] == [port]
+
+    cfg_file = load_config_from(objs, "edge-relay-config", "config.yaml", tmp_path)
+    s = relay_settings.load(str(cfg_file))
+    urls = {t.name: urlsplit(t.url) for t in s.targets}
+    assert set(urls) == {"kepler", target, "edge-relay"}
+    svc = find(objs, "Service", urls[target].hostname)
+    assert svc["spec"]["internalTrafficPolicy"] == "Local"
+    assert svc["spec"]["selector"].items() <= exp["spec"]["template"]["metadata"]["labels"].items()
+    assert urls[target].port == port == svc["spec"]["ports"][0]["port"]
+
+    policy = find(objs, "NetworkPolicy", "kepler-edge-relay")["spec"]
+    # Pods of its own namespace (the DNS rule selects kube-dns in any namespace).
+    to_exporter = [r for r in policy["egress"] if any(set(p) == {"podSelector"} for p in r["to"])]
+    assert [[p["port"] for p in r["ports"]] for r in to_exporter] == [[port]]
+    labels = to_exporter[0]["to"][0]["podSelector"]["matchLabels"]
+    assert labels.items() <= exp["spec"]["template"]["metadata"]["labels"].items()
+
+    budget_file = load_config_from(objs, "edge-relay-budget", "budget.yaml", tmp_path)
+    budget = relay_budget.load(budget_file)
+    presets = [c.get("preset") for c in yaml.safe_load(budget_file.read_text())["classes"]]
+    assert presets[0] == f"{preset}-critical" and preset in presets
+    assert budget.warnings(s.batch_max_bytes) == []
+
+    kepler_cfg = yaml.safe_load(configmap(objs, "kepler-config")["data"]["config.yaml"])
+    # Off by default in Kepler 0.11: without it, no GPU energy at all (Kepler finds none off NVIDIA).
+    assert kepler_cfg["experimental"]["gpu"]["enabled"] is True
+    levels = kepler_cfg["exporter"]["prometheus"]["metricsLevel"]
+    assert {"node", "container", "pod"} <= set(levels) <= {"node", "process", "container", "vm", "pod"}
 
 
 def test_network_policy_allows_only_exporters_broker_dns_and_api() -> None:
@@ -604,7 +667,7 @@ def test_scaleout_replaces_mosquitto_and_scales_the_ingesters(name: str, tmp_pat
     # ids need to be unique (the pod name) but not stable (deploy/README.md, "Scale-out").
     assert s.session_expiry_seconds == 0
     assert s.share_group == "ingest"
-    assert s.mqtt_host.startswith("emqx-") and s.mqtt_port == 8883
+    assert s.mqtt_host.startswith("emqx-") and s.mqtt_port == 8885  # the ingesters' own listener
     assert s.tls is not None
     for path in (s.tls.ca_file, s.tls.cert_file, s.tls.key_file):
         assert path
@@ -667,9 +730,19 @@ def test_scaleout_emqx_settings_fit_the_ingesters_and_relays(tmp_path: Path) -> 
     ]["default"]
     assert emqx_seconds(emqx["mqtt.session_expiry_interval"]) >= relay_session
     assert emqx["mqtt.peer_cert_as_username"] == "cn"
-    tls = "listeners.ssl.default.ssl_options"
-    assert emqx["listeners.ssl.default.bind"].endswith(f":{s.mqtt_port}")
-    assert emqx[f"{tls}.verify"] == "verify_peer" and emqx[f"{tls}.fail_if_no_peer_cert"] == "true"
+    for listener in ("default", "ingest"):
+        tls = f"listeners.ssl.{listener}.ssl_options"
+        assert emqx[f"{tls}.verify"] == "verify_peer" and emqx[f"{tls}.fail_if_no_peer_cert"] == "true"
+    # Client ids pinned to the certificate on the edge listener (no session takeover by another node);
+    # the ingesters on a listener of their own, opened only by the ingester CA, at the port they use.
+    assert emqx["listeners.ssl.default.bind"].endswith(":8883")
+    assert emqx["listeners.ssl.default.zone"] == "edge"
+    assert emqx["zones.edge.mqtt.peer_cert_as_clientid"] == "cn"
+    assert emqx["zones.edge.mqtt.peer_cert_as_username"] == "cn"
+    assert emqx["listeners.ssl.ingest.bind"].endswith(f":{s.mqtt_port}")
+    assert "listeners.ssl.ingest.zone" not in emqx
+    ingest_ca = emqx["listeners.ssl.ingest.ssl_options.cacertfile"]
+    assert ingest_ca != emqx["listeners.ssl.default.ssl_options.cacertfile"]
     assert emqx["authorization.no_match"] == "deny"
 
 

@@ -12,62 +12,37 @@ scrape of the faulty target.
 from __future__ import annotations
 
 import sqlite3
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
+from testkit.exporters import ScriptedExporter
 from testkit.oracle import compare, expected_samples, read_served_log
 from testkit.services import Mosquitto, Prometheus
-from testkit.stack import EXPORTERS, SimulatorProcess, ingest_config, ledger_totals, program, relay_config
+from testkit.stack import (
+    EXPORTERS,
+    SimulatorProcess,
+    ingest_config,
+    ledger_totals,
+    relay_config,
+    run_relay_and_ingester,
+)
 
 RUN_SECONDS = 10
 NODE = "edge-gpu-01"
 SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
 
 
-class FaultyExporter:
-    """Serves request n as two good series (values n and n/2) around one sample stamped -1 ms."""
-
-    def __init__(self) -> None:
-        self.requests = 0
-        lock = threading.Lock()
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                with lock:
-                    exporter.requests += 1
-                    n = exporter.requests
-                body = f'ok_before {n}\nbad_metric 1 -1\nok_after{{a="b"}} {n / 2}\n'.encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def faulty_body(n: int) -> str:
+    """Request n: two good series (values n and n/2) around one sample stamped -1 ms."""
+    return f'ok_before {n}\nbad_metric 1 -1\nok_after{{a="b"}} {n / 2}\n'
 
 
 @pytest.fixture
-def faulty() -> Iterator[FaultyExporter]:
-    exporter = FaultyExporter()
-    try:
+def faulty() -> Iterator[ScriptedExporter]:
+    with ScriptedExporter(faulty_body) as exporter:
         yield exporter
-    finally:
-        exporter.close()
 
 
 def spool_rows(path: Path) -> int:
@@ -77,7 +52,7 @@ def spool_rows(path: Path) -> int:
 
 @pytest.mark.timeout(180)
 def test_a_negative_timestamp_loses_only_itself(
-    tmp_path: Path, mosquitto: Mosquitto, prometheus: Prometheus, faulty: FaultyExporter
+    tmp_path: Path, mosquitto: Mosquitto, prometheus: Prometheus, faulty: ScriptedExporter
 ) -> None:
     sim = SimulatorProcess(tmp_path, seed=5, interval=1.0, churn_ticks=10).start()
     try:
@@ -88,17 +63,9 @@ def test_a_negative_timestamp_loses_only_itself(
         ingest_cfg = ingest_config(
             tmp_path, mqtt_port=mosquitto.port, remote_write_url=prometheus.remote_write_url
         )
-        ingest = program("cloud-ingest", "cloud_ingest.cli", ingest_cfg, tmp_path).start()
-        relay = program("edge-relay", "edge_relay.cli", relay_cfg, tmp_path, "--drain-seconds", "20").start()
-        try:
-            time.sleep(RUN_SECONDS)
-            assert relay.alive(), relay.log_tail()
-            assert relay.stop() == 0, relay.log_tail()
-            assert spool_rows(tmp_path / "spool.db") == 0, relay.log_tail()
-            assert "cannot be encoded" not in relay.log_path.read_text()
-        finally:
-            relay.kill()
-            ingest.stop()
+        relay = run_relay_and_ingester(tmp_path, relay_cfg, ingest_cfg, RUN_SECONDS)
+        assert spool_rows(tmp_path / "spool.db") == 0, relay.log_tail()
+        assert "cannot be encoded" not in relay.log_path.read_text()
     finally:
         sim.stop()
     served = read_served_log(sim.served_log)

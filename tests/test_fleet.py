@@ -253,6 +253,32 @@ def test_seq_tracker_ranges_acks_and_jumps() -> None:
     assert (t.high, t.missing) == (1_800_000_000_000_000, [])
 
 
+def test_seq_tracker_counts_each_spool_incarnation_on_its_own() -> None:
+    t = SeqTracker()
+    for seq in (1, 2, 5, 40):
+        t.see(seq, seq, 0.0, incarnation=7)
+    assert t.pending(1.0) == 2 + 34
+    # The spool was recreated (an emptyDir after a rollout): seqs start again at 1. Without the
+    # incarnation, 1..3 would "fill" the old gaps and nothing of the new spool would be counted.
+    t.see(1, 1, 2.0, incarnation=9)
+    t.see(3, 3, 2.0, incarnation=9)
+    assert (t.high, t.pending(3.0)) == (3, 1)
+    t.see(4, 4, 2.5, incarnation=7)  # a late redelivery from the old spool: not this spool's seq 4
+    assert (t.high, t.pending(3.0)) == (3, 1)
+    t.see(2, 2, 3.0, incarnation=9)
+    assert t.pending(4.0) == 0
+
+
+def test_fleet_gaps_follow_the_incarnation_of_acks_and_batches(fleet: Fleet, clock: Clock) -> None:
+    fleet.observe_status(CLUSTER, "n", status(spool_rows=0, lost_samples=0))
+    for seq in (1, 2, 3, 10):
+        fleet.observe_written(CLUSTER, "n", seq=seq, samples=1, newest_ms=seq, incarnation=5)
+    fleet.observe_acks(CLUSTER, "n", ok=[1, 2], rejected=[], incarnation=6)  # the new spool
+    fleet.observe_dead_letter(CLUSTER, "n", seq=4, refused=False, incarnation=6)
+    clock.tick(fleet_mod.GAP_GRACE_SECONDS + 1)
+    assert view(fleet).seq_gaps == 1  # seq 3 of incarnation 6, not 4..9 of incarnation 5
+
+
 def test_seq_tracker_memory_is_bounded() -> None:
     t = SeqTracker()
     for seq in range(0, 4 * fleet_mod.MAX_GAP_RANGES, 2):

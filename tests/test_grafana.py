@@ -3,8 +3,10 @@
 Grafana itself is not installed here, so the dashboard is checked where it can go wrong: every PromQL
 expression in it (panels and variables) runs against a real Prometheus holding a small synthetic
 fleet, written through the ingester's own remote-write encoder, and must parse and return series.
-The fleet's exporter data is the simulator's Kepler and dcgm-exporter output, parsed by the relay's
-parser; the relay and ingester metrics carry the names the product defines.
+The fleet's exporter data is the simulator's Kepler and dcgm-exporter output plus its AMD, Intel and
+Jetson exporters on three more nodes, parsed by the relay's parser, with the GPU recording rules
+(deploy/prometheus/rules/gpu-vendors.rules.yml) backfilled over it as Prometheus would have recorded
+them; the relay and ingester metrics carry the names the product defines.
 """
 
 from __future__ import annotations
@@ -36,9 +38,17 @@ GRAFANA = ROOT / "deploy/grafana"
 DASHBOARD = GRAFANA / "dashboards/kepler-edge-relay.json"
 DATASOURCES = GRAFANA / "provisioning/datasources/prometheus.yaml"
 PROVIDERS = GRAFANA / "provisioning/dashboards/kepler-edge-relay.yaml"
+VENDOR_RULES = ROOT / "deploy/prometheus/rules/gpu-vendors.rules.yml"
 
 CLUSTER = "factory-north"
 NODES = ("edge-gpu-01", "edge-gpu-02")  # 01 online and healthy; 02 offline, backlog, losses
+# GPU nodes of the other vendors: their exporter only (simulator exporter, job, port).
+VENDOR_NODES = {
+    "edge-amd-01": ("amd", "amd-device-metrics-exporter", 5000),
+    "edge-intel-01": ("intel", "xpumd", 8080),
+    "edge-orin-01": ("jetson", "jetson-stats", 9110),
+}
+VENDORS = {"nvidia", "amd", "intel", "jetson"}
 STEP_S = 15
 POINTS = 61  # 15 minutes of data, newest at "now"
 
@@ -49,6 +59,7 @@ GRAFANA_VARIABLES = {
     "$__range": "10m",
     "$cluster": ".*",
     "$node": ".*",
+    "$vendor": ".*",
 }
 
 
@@ -127,15 +138,21 @@ def test_dashboard_has_the_requested_panels() -> None:
     def exprs(title: str) -> str:
         return " ".join(t["expr"] for t in panels[title]["targets"])
 
-    assert panels["GPU utilisation"]["type"] == "timeseries" and "DCGM_FI_DEV_GPU_UTIL" in exprs(
+    # The GPU panels read the vendor-independent recorded series, by vendor, never an exporter's own.
+    assert panels["GPU utilisation"]["type"] == "timeseries" and "gpu:utilization_ratio" in exprs(
         "GPU utilisation"
     )
-    assert panels["GPU temperature"]["type"] == "heatmap" and "DCGM_FI_DEV_GPU_TEMP" in exprs(
+    assert panels["GPU temperature"]["type"] == "heatmap" and "gpu:temperature_celsius" in exprs(
         "GPU temperature"
     )
-    assert panels["GPU memory in use"]["type"] == "bargauge" and "DCGM_FI_DEV_FB_USED" in exprs(
+    assert panels["GPU memory in use"]["type"] == "bargauge" and "gpu:memory_used_bytes" in exprs(
         "GPU memory in use"
     )
+    assert "gpu:power_watts" in exprs("GPU power draw") and "gpu:clock_hertz" in exprs("GPU clock")
+    assert "gpu:errors:rate5m" in exprs("GPU hardware errors")
+    for title in GPU_PANELS:
+        assert "vendor" in exprs(title) and '$vendor"' in exprs(title), title
+        assert not re.search(r"DCGM_|\bgpu_[a-z]|\bhw_|xpum_|_kB\b", exprs(title)), title
     assert "pod_namespace" in exprs("Power per namespace (CPU + GPU)")
     assert "pod_name" in exprs("Top pods by power")
     assert "joules" in exprs("Energy per namespace over the time range")
@@ -193,9 +210,27 @@ def test_dashboard_uses_only_metrics_that_exist() -> None:
         for exporter in ("kepler", "dcgm")
         for labels, _, _ in parse(sim.render(exporter, 0).decode())
     }
+    recorded = {r["record"] for r in recording_rules()}
     for where, expr in panel_queries() + variable_queries():
         for name in re.findall(r"\b(?:edge_relay|cloud_ingest|kepler|DCGM)_\w+", expr):
             assert name in exposed | exporter_names, f"{where}: {name} is exposed by nothing we know"
+        for name in re.findall(r"\bgpu:[a-z_:0-9]+", expr):
+            assert name in recorded, f"{where}: {name} is recorded by no rule of {VENDOR_RULES.name}"
+
+
+GPU_PANELS = (
+    "GPU utilisation",
+    "GPU temperature",
+    "GPU memory in use",
+    "GPU power draw",
+    "GPU clock",
+    "GPU hardware errors",
+)
+
+
+def recording_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(VENDOR_RULES.read_text())["groups"]
+    return [r for g in groups for r in g["rules"] if "record" in r]
 
 
 # --- every expression against a real Prometheus ------------------------------------------------
@@ -298,7 +333,33 @@ def synthetic_fleet(now_s: float) -> FleetWriter:
                 ]
             for name, labels, value in series:
                 fleet.add(_labels(__name__=name, **labels), ts, value)
+    for node, (exporter, job, port) in VENDOR_NODES.items():
+        for tick in range(POINTS):
+            ts = (start + tick * STEP_S) * 1000
+            extra = {"job": job, "instance": f"{node}:{port}", "cluster": CLUSTER, "node": node}
+            for labels, value, _ in parse(sim.render(exporter, tick).decode()):
+                fleet.add(_labels(**{**dict(labels), **extra}), ts, value)
     return fleet
+
+
+def backfill_recording_rules(prom: Prometheus, now_s: float) -> int:
+    """The GPU recording rules over the fleet's 15 minutes, as Prometheus would have evaluated them
+    every STEP_S (they read raw series only), written back through remote write."""
+    start = int(now_s) - (POINTS - 1) * STEP_S
+    fleet = FleetWriter()
+    for rule in recording_rules():
+        resp = requests.get(
+            f"{prom.url}/api/v1/query_range",
+            params={"query": rule["expr"], "start": start, "end": int(now_s), "step": STEP_S},
+            timeout=30,
+        )
+        assert resp.status_code == 200, resp.text[:500]
+        for series in resp.json()["data"]["result"]:
+            labels = {k: v for k, v in series["metric"].items() if k != "__name__"}
+            labels.update(rule.get("labels", {}))
+            for ts, value in series["values"]:
+                fleet.add(_labels(__name__=rule["record"], **labels), round(ts * 1000), float(value))
+    return fleet.write(prom) if fleet.index else 0
 
 
 @pytest.fixture(scope="module")
@@ -308,6 +369,7 @@ def fleet_prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Calla
         now = time.time()
         written = synthetic_fleet(now).write(prom)
         assert written > 10_000
+        assert backfill_recording_rules(prom, now) > 1_000
         yield lambda promql: prom.query(promql, at=now)
     finally:
         prom.stop()
@@ -335,3 +397,28 @@ def test_variable_query_returns_values(
     assert values, f"variable {name}: {query!r} yields no values"
     if name == "node":
         assert values == set(NODES)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("title", GPU_PANELS)
+def test_gpu_panels_show_every_vendor(fleet_prometheus: Callable[[str], dict[str, Any]], title: str) -> None:
+    """Each GPU panel shows the NVIDIA, AMD, Intel and Jetson nodes' GPUs, in plausible units (Jetson
+    has no utilisation and no error counters: its exporter exports neither)."""
+    panel = next(p for p in all_panels(load_dashboard()) if p["title"] == title)
+    result = fleet_prometheus(grafana_expand(panel["targets"][0]["expr"]))["result"]
+    vendors = {r["metric"]["vendor"] for r in result}
+    expected = VENDORS - {"jetson"} if title in ("GPU utilisation", "GPU hardware errors") else VENDORS
+    assert vendors == expected, f"{title}: {sorted(vendors)}"
+    gpus = {(r["metric"]["node"], r["metric"]["gpu"]) for r in result}
+    assert ("edge-orin-01", "0") in gpus or "jetson" not in expected
+    assert {("edge-amd-01", "0"), ("edge-amd-01", "1"), ("edge-intel-01", "0000:4d:00.0")} <= gpus
+    values = [float(r["value"][1]) for r in result]
+    bounds = {
+        "GPU utilisation": (0, 100),
+        "GPU temperature": (20, 110),
+        "GPU memory in use": (0, 100),
+        "GPU power draw": (1, 1000),
+        "GPU clock": (1e8, 4e9),
+        "GPU hardware errors": (0, 1),
+    }[title]
+    assert all(bounds[0] <= v <= bounds[1] for v in values), f"{title}: {values}"

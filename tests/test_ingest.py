@@ -507,6 +507,41 @@ def test_acks_echo_the_batch_incarnation_and_only_when_it_has_one(
     assert by_topic[topics.ack_topic(PREFIX, CLUSTER, "node-old")].incarnation == 0
 
 
+def test_a_partly_refused_batch_is_acked_with_its_counts_only_to_relays_that_know_them(
+    prometheus: Prometheus, edge: Edge, ingesters: Ingesters
+) -> None:
+    ingester = ingesters.start(prometheus.remote_write_url, "partial")
+    base = now_ms() - 60_000
+    batches = []
+    for node, incarnation in (("node-new", 4242), ("node-old", 0)):
+        batch = make_batch(node, 3, base, series=3, scrapes=2)
+        # One sample of series 1 an hour ahead: it alone must be refused.
+        batch.scrapes[1].timestamps = array("q", [base + 500, base + 3_600_000, base + 500])
+        batch.incarnation = incarnation
+        edge.publish_batch(batch)
+        batches.append(batch)
+    reason = edge.wait_result("node-new", 3).reason
+    assert reason is not None and reason.startswith("future_timestamp: 1 sample(s)")
+    assert edge.wait_result("node-new", 3) == AckResult(3, "partial", reason, 5, 1)
+    # A relay without incarnations predates partial acks (it would refuse the ack and publish forever).
+    assert edge.wait_result("node-old", 3) == AckResult(3, "ok")
+
+    stored = prometheus.raw_samples(f'{{__name__="{METRIC}",node="node-new"}}')
+    assert sum(len(v) for v in stored.values()) == 5
+    letters = {d.node: d for d in ingester.dead_letters.list()}
+    assert set(letters) == {"node-new", "node-old"}
+    stored_letter = ingester.dead_letters.payload(letters["node-new"].id)
+    assert stored_letter is not None
+    refused = codec.decode_batch(stored_letter[1])
+    assert refused.sample_count == 1 and refused.last_timestamp_ms == base + 3_600_000
+    assert dict(refused.labelsets[0])["zone"] == "pkg1"
+    refused_total = sample(
+        ingester, "cloud_ingest_samples_refused_total", node="node-new", reason="future_timestamp"
+    )
+    assert refused_total == 1
+    assert sample(ingester, "cloud_ingest_acks_published_total", result="partial") == 1
+
+
 # -- 2. retries: 5xx then 2xx, 429 with Retry-After ------------------------------------------------------
 
 
@@ -573,7 +608,11 @@ def test_400_dead_lettered_and_acked_rejected_without_retry(
     assert result.result == "rejected"
     assert result.reason is not None and result.reason.startswith("HTTP 400")
     assert "out of order sample" in result.reason
-    assert never_arrives(lambda: mock.count() > 1, 1.0), "a 400 must not be retried"
+    # Not retried: the only further requests are the parts of the batch written to find the refused
+    # samples (each refused here too, so all of it is dead-lettered, the original payload as it came).
+    parts = sample(ingester, "cloud_ingest_isolation_writes_total")
+    assert parts >= 1
+    assert never_arrives(lambda: mock.count() > 1 + parts, 1.0), "a 400 must not be retried"
     assert edge.results("node-x") == [result]
 
     letters: list[DeadLetter] = ingester.dead_letters.list()

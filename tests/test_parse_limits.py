@@ -10,12 +10,13 @@ the parse allocates; the body itself is the caller's), never with timing.
 from __future__ import annotations
 
 import contextlib
+import time
 import tracemalloc
 from collections.abc import Callable
 
 import pytest
 
-from edge_relay.parse import SampleLimitExceeded, SeriesCache, parse
+from edge_relay.parse import ParseDeadlineExceeded, SampleLimitExceeded, SeriesCache, parse
 
 LIMIT = 200_000  # the shipped scrape.sample_limit
 MiB = 1 << 20
@@ -68,3 +69,13 @@ def test_under_the_limit_every_sample_is_kept() -> None:
         assert samples[-1][1:] == (2.0, 1_700_000_000_000)
     with pytest.raises(SampleLimitExceeded, match="body has 150010 samples"):
         parse(body, sample_limit=150_009)  # over in the last block: the exact count is known
+
+
+def test_a_passed_deadline_stops_the_parse_at_the_next_block() -> None:
+    # A huge body must not hold up the cycle (every other target waits for it) beyond the scrape
+    # deadline: the parse gives up at the first block boundary past it, with the samples so far named.
+    body = b"".join(b"a_%d 1\n" % i for i in range(400_000))  # several 256 KiB blocks
+    with pytest.raises(ParseDeadlineExceeded) as err:
+        parse(body, "text/plain", SeriesCache(), deadline=time.monotonic() - 1)
+    assert "scrape deadline passed while parsing" in str(err.value)
+    assert len(parse(body, "text/plain", SeriesCache(), deadline=time.monotonic() + 3600)) == 400_000

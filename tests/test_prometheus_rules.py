@@ -66,7 +66,7 @@ PRODUCT_METRIC = re.compile(r"\b(?:edge_relay|cloud_ingest)_[a-z_]+\b")
 
 
 def test_rule_files_exist() -> None:
-    assert {p.name for p in RULE_FILES} == {"gpu.rules.yml", "edge-relay.rules.yml"}
+    assert {p.name for p in RULE_FILES} == {"gpu-vendors.rules.yml", "gpu.rules.yml", "edge-relay.rules.yml"}
     assert RULE_TESTS, "no promtool unit tests"
 
 
@@ -110,11 +110,12 @@ def test_every_alert_has_severity_summary_description_and_a_unit_test() -> None:
 
 
 def test_gpu_utilisation_rule_is_the_practice_one() -> None:
+    # NVIDIA's practice (DCGM_FI_DEV_GPU_UTIL > 90 for 5m), on the vendor-independent ratio.
     rule = next(r for r in alert_rules() if r["alert"] == "GPUHighUtilization")
-    assert rule["expr"].strip() == "DCGM_FI_DEV_GPU_UTIL > 90"
+    assert rule["expr"].strip() == "gpu:utilization_ratio > 0.9"
     assert rule["for"] == "5m" and rule["labels"]["severity"] == "warning"
     summary = rule["annotations"]["summary"]
-    assert "$labels.node" in summary and "$labels.instance" in summary
+    assert "$labels.node" in summary and "$labels.instance" in summary and "$labels.vendor" in summary
 
 
 def test_rules_use_only_metrics_the_product_exposes() -> None:
@@ -155,3 +156,166 @@ def test_annotation_queries_use_only_metrics_the_product_exposes() -> None:
         for text in rule["annotations"].values():
             for name in PRODUCT_METRIC.findall(text):
                 assert name in exposed, f"{rule['alert']}: {name} (annotation) is not a relay/ingester metric"
+
+
+# --- the GPU rules across vendors ------------------------------------------------------------------
+
+VENDOR_RULES = PROM_DIR / "rules/gpu-vendors.rules.yml"
+GPU_SIGNALS = {
+    "gpu:temperature_celsius",
+    "gpu:utilization_ratio",
+    "gpu:memory_used_bytes",
+    "gpu:memory_total_bytes",
+    "gpu:power_watts",
+    "gpu:power_limit_watts",
+    "gpu:clock_hertz",
+    "gpu:errors:rate5m",
+}
+# Jetson's exporter has no GPU load and no error counters.
+NOT_EXPORTED = {("jetson", "gpu:utilization_ratio"), ("jetson", "gpu:errors:rate5m")}
+# The vendor's preset (and *-critical subset) that must match every series its rules read.
+VENDOR_PRESET = {"nvidia": "dcgm", "amd": "amd", "intel": "intel", "jetson": "jetson"}
+VENDOR_EXPORTER = {"nvidia": "dcgm", "amd": "amd", "intel": "intel", "jetson": "jetson"}
+# Counters: rate() over them is exact at any class resolution (sent as their last value), so the
+# remapped-row counters need not be in dcgm-critical (tests/test_budget.py pins that preset).
+NOT_CRITICAL = {"DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"}
+PROMQL_WORDS = {
+    "label_replace",
+    "max",
+    "sum",
+    "without",
+    "rate",
+    "changes",
+    "or",
+    "by",
+    "on",
+    "unless",
+    "and",
+}
+
+
+def recording_rules() -> list[dict[str, Any]]:
+    groups = yaml.safe_load(VENDOR_RULES.read_text())["groups"]
+    return [r for g in groups for r in g["rules"] if "record" in r]
+
+
+def source_metrics(expr: str) -> set[str]:
+    """Metric names an expression selects (label names, strings and functions stripped)."""
+    expr = re.sub(r'"[^"]*"', '""', expr)
+    expr = re.sub(r"\{[^}]*\}", "", expr)
+    expr = re.sub(r"\b(?:without|by|on|ignoring)\s*\([^)]*\)", "", expr)
+    expr = re.sub(r"\[[^\]]*\]", "", expr)
+    names = set(re.findall(r"\b[a-zA-Z_][a-zA-Z0-9_:]*\b(?!\s*\()", expr))
+    return {n for n in names if n not in PROMQL_WORDS and not re.fullmatch(r"\d+e\d+|e\d+", n)}
+
+
+def test_gpu_alerts_read_only_the_vendor_independent_series() -> None:
+    gpu_alerts = [r for r in alert_rules() if r["alert"].startswith("GPU")]
+    signals = set()
+    for rule in gpu_alerts:
+        names = set(re.findall(r"\bgpu:[a-z_:0-9]+", rule["expr"]))
+        assert names and names <= GPU_SIGNALS, rule["alert"]
+        vendor_names = re.search(r"DCGM_|\bgpu_[a-z]|\bhw_|xpum_|_kB\b|temperature_C", rule["expr"])
+        assert not vendor_names, rule["alert"]
+        signals |= names
+        assert "$labels.vendor" in rule["annotations"]["summary"], rule["alert"]
+    # One alert per signal (temperature has a warning and a critical level), every signal alerted.
+    assert sorted(r["alert"] for r in gpu_alerts) == [
+        "GPUHardwareErrors",
+        "GPUHighTemperature",
+        "GPUHighUtilization",
+        "GPUMemoryNearlyFull",
+        "GPUPowerDrawHigh",
+        "GPUTemperatureCritical",
+    ]
+    assert signals == GPU_SIGNALS - {"gpu:clock_hertz"}
+
+
+def test_every_vendor_records_every_signal_it_can() -> None:
+    have: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for rule in recording_rules():
+        assert rule["record"] in GPU_SIGNALS, rule["record"]
+        vendor = rule["labels"]["vendor"]
+        have.setdefault((vendor, rule["record"]), []).append(rule)
+    for vendor in VENDOR_PRESET:
+        for signal in GPU_SIGNALS:
+            assert ((vendor, signal) in have) != ((vendor, signal) in NOT_EXPORTED), (vendor, signal)
+
+
+def test_recording_rules_read_only_series_the_vendor_presets_match() -> None:
+    from edge_relay.budget.model import PRESETS
+
+    def matches(preset: str, name: str) -> bool:
+        return any(re.fullmatch(p, name) for p in PRESETS[preset].names)
+
+    for rule in recording_rules():
+        vendor = rule["labels"]["vendor"]
+        preset = VENDOR_PRESET[vendor]
+        for name in source_metrics(rule["expr"]):
+            assert matches(preset, name), f"{rule['record']} ({vendor}): {name} is not in preset {preset}"
+            if rule["record"] != "gpu:clock_hertz" and name not in NOT_CRITICAL:
+                critical = f"{preset}-critical"
+                assert matches(critical, name), f"{rule['record']} ({vendor}): {name} not in {critical}"
+
+
+def _promtool_series(body: list[bytes], extra: dict[str, str]) -> list[dict[str, str]]:
+    """One promtool input series per exposition series, its values one per tick (1 min apart)."""
+    from edge_relay.parse import parse
+
+    values: dict[tuple[tuple[str, str], ...], list[str]] = {}
+    for tick, payload in enumerate(body):
+        for labels, value, _ in parse(payload.decode()):
+            # Prometheus drops empty labels on ingestion (AMD's idle GPU sends pod="" ...).
+            kept = tuple((k, v) for k, v in labels if v != "")
+            values.setdefault(kept, ["_"] * len(body))[tick] = repr(value)
+    out = []
+    for labels, vals in values.items():
+        d = dict(labels)
+        name = d.pop("__name__")
+        inner = ",".join(f'{k}="{v}"' for k, v in {**d, **extra}.items())
+        out.append({"series": f"{name}{{{inner}}}", "values": " ".join(vals)})
+    return out
+
+
+@pytest.mark.parametrize(("vendor", "gpus"), [("nvidia", 2), ("amd", 2), ("intel", 2), ("jetson", 1)])
+def test_recording_rules_on_the_simulated_exporters(vendor: str, gpus: int, tmp_path: Path) -> None:
+    """The rules on each simulated exporter's real label sets: one gpu:* series per GPU and signal."""
+    from simulator import Simulator
+
+    exporter = VENDOR_EXPORTER[vendor]
+    sim = Simulator(1, None, 60.0, churn_ticks=0, exporters=[exporter])
+    bodies = [sim.render(exporter, t) for t in range(12)]
+    extra = {"cluster": "factory-north", "node": f"edge-{vendor}", "job": exporter, "instance": "x:1"}
+    exprs = []
+    for signal in sorted(GPU_SIGNALS):
+        if (vendor, signal) in NOT_EXPORTED:
+            continue
+        if signal == "gpu:errors:rate5m":
+            # Every error type a GPU reports, at least its uncorrectable ones.
+            query = f'count(gpu:errors:rate5m{{vendor="{vendor}", error_type="uncorrectable"}})'
+        else:
+            query = f'count({signal}{{vendor="{vendor}"}})'
+        exprs.append({"expr": query, "eval_time": "11m", "exp_samples": [{"labels": "{}", "value": gpus}]})
+    # The units come out plausible: °C, 0..1, bytes, watts, hertz.
+    checks = {
+        "gpu:temperature_celsius": (20, 110),
+        "gpu:utilization_ratio": (0, 1),
+        "gpu:memory_used_bytes": (1e6, 1e12),
+        "gpu:power_watts": (1, 1000),
+        "gpu:clock_hertz": (1e8, 4e9),
+    }
+    for signal, (lo, hi) in checks.items():
+        if (vendor, signal) in NOT_EXPORTED:
+            continue
+        out_of_range = f'count({signal}{{vendor="{vendor}"}} < {lo} or {signal}{{vendor="{vendor}"}} > {hi})'
+        exprs.append({"expr": out_of_range, "eval_time": "11m", "exp_samples": []})
+    test = {
+        "rule_files": [str(VENDOR_RULES)],
+        "evaluation_interval": "1m",
+        "tests": [
+            {"interval": "1m", "input_series": _promtool_series(bodies, extra), "promql_expr_test": exprs}
+        ],
+    }
+    path = tmp_path / f"{vendor}.test.yml"
+    path.write_text(yaml.safe_dump(test, sort_keys=False))
+    run([tool("promtool", "prometheus"), "test", "rules", str(path)])

@@ -9,11 +9,9 @@ and the loss ledger.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from array import array
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,7 @@ from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.shape import ShapedScrape
 from schemas import codec
 from schemas.model import Labels
+from testkit.exporters import ScriptedExporter
 
 GOOD_BODY = '# TYPE good_gauge gauge\ngood_gauge{i="0"} 1.5\ngood_gauge{i="1"} 2.5\ngood_total 7\n'
 # One sample with an explicit negative timestamp between good ones (issue 12 item 1).
@@ -31,48 +30,16 @@ FAULTY_BODY = 'ok_before 1\nbad_metric 1 -1\nok_after{a="b"} 3\n'
 SYNTHETIC = ("up", "scrape_duration_seconds", "scrape_samples_scraped")
 
 
-class Exporters:
-    """Static exposition bodies by path, served on a free loopback port; bodies may change."""
-
-    def __init__(self, bodies: dict[str, str]) -> None:
-        self.bodies = dict(bodies)
-        exporters = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                body = exporters.bodies[self.path.strip("/")].encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def url(self, name: str) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/{name}"
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
-def exporters() -> Iterator[Exporters]:
-    ex = Exporters({"good": GOOD_BODY, "faulty": FAULTY_BODY})
-    try:
+def exporters() -> Iterator[ScriptedExporter]:
+    with ScriptedExporter(bodies={"good": GOOD_BODY, "faulty": FAULTY_BODY}) as ex:
         yield ex
-    finally:
-        ex.close()
 
 
-def write_config(tmp_path: Path, exporters: Exporters, *, budget: str | None, names: tuple[str, ...]) -> Path:
-    targets = ", ".join(f"{{name: {n}, url: '{exporters.url(n)}'}}" for n in names)
+def write_config(
+    tmp_path: Path, exporters: ScriptedExporter, *, budget: str | None, names: tuple[str, ...]
+) -> Path:
+    targets = ", ".join(f"{{name: {n}, url: '{exporters.url_of(n)}'}}" for n in names)
     text = (
         "node: n1\ncluster: c1\nscrape: {interval_seconds: 1, timeout_seconds: 0.8}\n"
         f"targets: [{targets}]\nspool: {{path: {tmp_path / 'spool.db'}}}\n"
@@ -126,7 +93,7 @@ def names(samples: dict[Labels, list[tuple[int, float]]], job: str) -> dict[str,
 # Item 1: one bad sample is dropped alone, with a ledger reason; the cycle goes through
 
 
-def test_a_negative_timestamp_costs_its_sample_only(tmp_path: Path, exporters: Exporters) -> None:
+def test_a_negative_timestamp_costs_its_sample_only(tmp_path: Path, exporters: ScriptedExporter) -> None:
     relay = open_relay(write_config(tmp_path, exporters, budget=None, names=("faulty", "good")))
     try:
         cycles = 3
@@ -145,7 +112,7 @@ def test_a_negative_timestamp_costs_its_sample_only(tmp_path: Path, exporters: E
         close(relay)
 
 
-def test_a_cycle_the_codec_refuses_goes_scrape_by_scrape(tmp_path: Path, exporters: Exporters) -> None:
+def test_a_cycle_the_codec_refuses_goes_scrape_by_scrape(tmp_path: Path, exporters: ScriptedExporter) -> None:
     """Whatever still gets past the shape stage: the other scrapes of the cycle are spooled, the refused
     one is recorded as encode_error, as a batch window does."""
     relay = open_relay(write_config(tmp_path, exporters, budget=None, names=("good",)))
@@ -170,7 +137,7 @@ def test_a_cycle_the_codec_refuses_goes_scrape_by_scrape(tmp_path: Path, exporte
 
 
 def test_a_repeated_own_timestamp_under_a_stateful_class_is_in_the_ledger(
-    tmp_path: Path, exporters: Exporters
+    tmp_path: Path, exporters: ScriptedExporter
 ) -> None:
     # A minute ahead: the shaper forgets a series whose last sample is older than two resolutions.
     exporters.bodies["good"] = f"fixed 1 {int(time.time() * 1000) + 60_000}\n"
@@ -196,7 +163,7 @@ def test_a_repeated_own_timestamp_under_a_stateful_class_is_in_the_ledger(
 WINDOWED = "version: 1\nuplink: {sustained_bytes_per_second: 100000, batch_window_seconds: 3600}\n"
 
 
-def stage_two_cycles(tmp_path: Path, exporters: Exporters) -> tuple[Path, int]:
+def stage_two_cycles(tmp_path: Path, exporters: ScriptedExporter) -> tuple[Path, int]:
     """A relay with a batch window stages two cycles and is killed; returns its config and the
     oldest staged sample's timestamp."""
     config = write_config(tmp_path, exporters, budget=WINDOWED, names=("good",))
@@ -212,7 +179,9 @@ def stage_two_cycles(tmp_path: Path, exporters: Exporters) -> tuple[Path, int]:
         close(relay)
 
 
-def test_staged_cycles_go_out_after_a_restart_without_a_budget(tmp_path: Path, exporters: Exporters) -> None:
+def test_staged_cycles_go_out_after_a_restart_without_a_budget(
+    tmp_path: Path, exporters: ScriptedExporter
+) -> None:
     config, oldest = stage_two_cycles(tmp_path, exporters)
     config.write_text(config.read_text().replace("budget_file: budget.yaml\n", ""))
     relay = open_relay(config)
@@ -232,7 +201,7 @@ def test_staged_cycles_go_out_after_a_restart_without_a_budget(tmp_path: Path, e
 
 
 def test_staged_cycles_go_out_when_the_window_is_reloaded_down_to_the_interval(
-    tmp_path: Path, exporters: Exporters
+    tmp_path: Path, exporters: ScriptedExporter
 ) -> None:
     config, oldest = stage_two_cycles(tmp_path, exporters)
     relay = open_relay(config)
@@ -249,7 +218,7 @@ def test_staged_cycles_go_out_when_the_window_is_reloaded_down_to_the_interval(
 
 
 def test_a_removed_budget_file_keeps_the_budget_and_its_window(
-    tmp_path: Path, exporters: Exporters, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, exporters: ScriptedExporter, caplog: pytest.LogCaptureFixture
 ) -> None:
     config = write_config(tmp_path, exporters, budget=WINDOWED, names=("good",))
     relay = open_relay(config)
@@ -266,5 +235,22 @@ def test_a_removed_budget_file_keeps_the_budget_and_its_window(
         relay.window.pack()  # as on a clean stop, or when the window closes
         stats = relay.spool.stats()
         assert stats.staged_rows == 0 and stats.rows == 1
+    finally:
+        close(relay)
+
+
+def test_a_clock_step_back_is_logged_and_counted(
+    tmp_path: Path, exporters: ScriptedExporter, caplog: pytest.LogCaptureFixture
+) -> None:
+    relay = open_relay(write_config(tmp_path, exporters, budget=None, names=("good",)))
+    try:
+        relay._watch_clock(1_800_000_000.0)
+        relay._watch_clock(1_800_000_005.0)
+        relay._watch_clock(1_800_000_005.5)  # jitter below a second is no step
+        assert relay.metrics.clock_steps_back._value.get() == 0
+        with caplog.at_level(logging.WARNING, logger="edge_relay"):
+            relay._watch_clock(1_799_999_405.0)  # NTP after boot: ten minutes back
+        assert relay.metrics.clock_steps_back._value.get() == 1
+        assert "the wall clock went back by 600.5s" in caplog.text
     finally:
         close(relay)

@@ -584,3 +584,23 @@ def test_cli_prints_ready_serves_and_exits_cleanly_on_sigterm(tmp_path: Path) ->
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_vendor_option_defaults_to_todays_nvidia_node() -> None:
+    import argparse
+
+    from simulator import VENDORS, vendor_exporters
+    from simulator import server as simulate
+
+    parser = argparse.ArgumentParser()
+    simulate.add_arguments(parser)
+    args = parser.parse_args([])
+    assert args.vendor == "nvidia" and vendor_exporters("nvidia") == EXPORTERS
+    # No port given: the vendor's exporters get their defaults, the others stay off.
+    names = ("kepler", "kepler07", "dcgm", "node", "amd", "intel", "jetson")
+    assert all(getattr(args, f"{name}_port") is None for name in names)
+    assert set(VENDORS) == {"nvidia", "amd", "intel", "jetson"}
+    with pytest.raises(ValueError, match="unknown vendor"):
+        vendor_exporters("arm")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--vendor", "arm"])

@@ -122,6 +122,10 @@ class BudgetRuntime:
         self._count_shaping()
         return out
 
+    def held(self, now_ms: int) -> tuple[int, int]:
+        """Samples in open aggregation windows, and the earliest time they can be from."""
+        return self.shaper.held(now_ms)
+
     def flush_all(self) -> ShapedScrape | None:
         """Every open aggregation window, closed now (on a clean stop)."""
         return self.shaper.flush(2**62)

@@ -258,6 +258,14 @@ class BudgetShaper:
     def resolution_s(self, class_index: int) -> float:
         return self._slots[class_index].res_ms / 1000
 
+    def held(self, now_ms: int) -> tuple[int, int]:
+        """Samples taken into windows still open (gone with the process if it is killed now), and the
+        earliest time they can be from: a window open at ``now_ms`` ends after it, so it started less
+        than one resolution before."""
+        samples = sum(s.samples_in - s.samples_out - s.suppressed - s.merged for s in self._by_name.values())
+        widest = max((slot.res_ms for slot in self._slots if slot.stateful), default=0)
+        return samples, now_ms - widest
+
     # --- the stage --------------------------------------------------------------------------------
 
     def shape(self, scrape: ShapedScrape) -> ShapedScrape:

@@ -9,7 +9,9 @@ The package is the file and its tables, one module each, built on one ``Store``:
 - ``sendqueue``: the uplink's narrow view of it (what to send next given what is in flight);
 - ``staging``: cycles of an open batch window, durable before they become a batch;
 - ``losses``: the loss ledger's table (``edge_relay.ledger`` is the relay-side ledger);
-- ``meta``: integers kept across restarts (quota use).
+- ``meta``: integers kept across restarts (quota use);
+- ``recorder``: the flight recorder's blocks (raw scrapes for a bounded span), always second to the
+  backlog.
 
 ``Spool`` opens the file and hands out the tables; it knows nothing of MQTT, budgets or encodings. Like
 VictoriaMetrics' persistent queue, it stores opaque blocks: the payload is the encoded envelope, sent as
@@ -28,6 +30,7 @@ from edge_relay.spool.batches import BatchTable, Order
 from edge_relay.spool.errors import SpoolClosedError, SpoolError, SpoolFullError
 from edge_relay.spool.losses import LossEntry, LossTable
 from edge_relay.spool.meta import MetaTable
+from edge_relay.spool.recorder import RecordedBlock, RecorderStats, RecorderTable
 from edge_relay.spool.recovery import SpoolRecovery
 from edge_relay.spool.schema import SCHEMA_VERSION, QuarantinedRow, Replacement, SpoolRow
 from edge_relay.spool.sendqueue import InFlight, SendQueue
@@ -43,6 +46,9 @@ __all__ = [
     "MetaTable",
     "Order",
     "QuarantinedRow",
+    "RecordedBlock",
+    "RecorderStats",
+    "RecorderTable",
     "Replacement",
     "SendQueue",
     "Spool",
@@ -107,6 +113,7 @@ class Spool:
         self.batches = BatchTable(self.store, self.losses)
         self.staging = StagingTable(self.store, self.losses)
         self.meta = MetaTable(self.store)
+        self.recorder = RecorderTable(self.store)
 
     @property
     def recovery(self) -> SpoolRecovery | None:

@@ -256,10 +256,17 @@ class BatchTable:
 
         return self._store.run("evict", op)
 
-    def refuse(self, seq: int, reason: LossReason, describe: Callable[[SpoolRow], str]) -> LossRecord | None:
+    def refuse(
+        self,
+        seq: int,
+        reason: LossReason,
+        describe: Callable[[SpoolRow], str],
+        samples: int | None = None,
+    ) -> LossRecord | None:
         """Delete the row ``seq`` that the cloud refused for good and record its samples in the ledger
         under ``reason``, in one transaction. Returns the ledger entry, or None for an unknown seq (an
-        ack that came twice).
+        ack that came twice). ``samples``: how many of the row's samples were refused (the cloud wrote
+        the others), at most the row's count; all of them by default.
 
         ``describe`` names the row's series (the caller can decode payloads; the spool cannot). A row
         that fails its CRC is still deleted and recorded, by the counts of its columns.
@@ -275,9 +282,11 @@ class BatchTable:
                 return None
             row = verify(raw)
             if isinstance(row, SpoolRow):
-                loss = LossRecord(reason, describe(row), row.first_ts_ms, row.last_ts_ms, row.sample_count)
+                count = row.sample_count if samples is None else min(samples, row.sample_count)
+                loss = LossRecord(reason, describe(row), row.first_ts_ms, row.last_ts_ms, count)
             else:
                 first, last, count = (v if type(v) is int else 0 for v in raw[3:6])
+                count = count if samples is None else min(samples, count)
                 loss = LossRecord(reason, f"spool seq {s}", first, last, count)
             conn.execute("DELETE FROM batches WHERE seq = ?", (s,))
             conn.execute("DELETE FROM resolution WHERE seq = ?", (s,))

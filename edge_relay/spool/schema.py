@@ -17,7 +17,7 @@ from typing import Final, cast
 
 from edge_relay.spool.errors import SpoolError, rollback_quietly
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 
 COLUMNS: Final = (
     "seq, payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size, priority, created_ms, "
@@ -91,7 +91,24 @@ _SCHEMA_V3: Final = (
         created_ms INTEGER NOT NULL
     )""",
 )
-_MIGRATIONS: Final = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3)
+# v4: the flight recorder (``spool.recorder``): every raw scrape at full resolution for a bounded span,
+# whatever the budget sent. Metadata columns first and the payload last, so the scans of eviction and
+# span() read the rows' leaf cells, not the overflow pages of their payloads. No index but the key: ids
+# follow writing order, which is what eviction gives up first, and reads are rare (backfill).
+_SCHEMA_V4: Final = (
+    """CREATE TABLE IF NOT EXISTS recorder (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind INTEGER NOT NULL,
+        first_ts_ms INTEGER NOT NULL,
+        last_ts_ms INTEGER NOT NULL,
+        sample_count INTEGER NOT NULL,
+        byte_size INTEGER NOT NULL,
+        checksum INTEGER NOT NULL,
+        created_ms INTEGER NOT NULL,
+        payload BLOB
+    )""",
+)
+_MIGRATIONS: Final = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4)
 _MAX_VARS: Final = 500  # below SQLITE_MAX_VARIABLE_NUMBER (999) of old SQLite builds
 
 

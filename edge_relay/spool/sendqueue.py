@@ -148,11 +148,13 @@ class SendQueue:
         seq: int,
         describe: Callable[[SpoolRow], str],
         reason: LossReason = LossReason.REJECTED_BY_CLOUD,
+        samples: int | None = None,
     ) -> LossRecord | None:
-        """The cloud refused the batch for good (ack ``rejected``): delete its row and record its samples
-        in the loss ledger, in one transaction, so a refusal is never a silent deletion. ``describe``
-        names the row's series (``{job=...}``). None for a seq no longer in the spool."""
-        return self._batches.refuse(seq, reason, describe)
+        """The cloud refused the batch for good (ack ``rejected``), or ``samples`` of it (ack ``partial``:
+        it wrote the others): delete its row and record the refused samples in the loss ledger, in one
+        transaction, so a refusal is never a silent deletion. ``describe`` names the row's series
+        (``{job=...}``). None for a seq no longer in the spool."""
+        return self._batches.refuse(seq, reason, describe, samples)
 
     def set_aside(self, seq: int, reason: str, ledger_reason: LossReason) -> None:
         """A batch that can never be sent (e.g. above the broker's packet size) leaves the queue."""

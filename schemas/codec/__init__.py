@@ -11,8 +11,11 @@ in this list:
   sample columns as raw little-endian bytes, so every float64 bit pattern survives unchanged.
 - ``v2``: body v2, "columnar+zstd": 15 separately compressed streams (timestamp table, series
   groups, dictionary-coded labels, delta/XOR values); transforms in ``schemas/columnar.py``.
+- ``v3``: body v3, "stream+zstd": one live frame coded against the previous frame's state (series
+  dictionary by id, delta-of-delta values); key frames decode alone.
 - ``envelope``: ``b"ERB"`` + format-version byte + msgpack header map; ``encode_batch``,
   ``with_seq``, the decoders' dispatch on the version byte, and the JSON view of a batch.
+- ``stream``: the v3 encoder/decoder state (``StreamEncoder``, ``StreamDecoder``) and state messages.
 - ``control``: ack (cloud -> edge) and status (edge -> cloud) messages, versioned JSON.
 
 Encode: ``validate_batch`` -> the version's ``encode_body`` -> envelope header around the body.
@@ -71,24 +74,29 @@ from schemas.codec.limits import (
     timestamp_in_range,
     validate_batch,
 )
+from schemas.codec.stream import STATE_MAGIC, StreamDecoder, StreamEncoder, decode_state, frame_base
 from schemas.codec.v1 import CODEC_V1, FORMAT_V1
 from schemas.codec.v2 import CODEC_V2, FORMAT_V2, V2_STREAMS
 from schemas.codec.v2 import _pack_streams as _pack_streams
 from schemas.codec.v2 import _v2_streams as _v2_streams
+from schemas.codec.v3 import CODEC_V3, FORMAT_V3
 
 __all__ = [
     "ACK_VERSION",
     "CODEC_V1",
     "CODEC_V2",
+    "CODEC_V3",
     "CURRENT_FORMAT_VERSION",
     "DEFAULT_LIMITS",
     "DEFAULT_ZSTD_LEVEL",
     "FORMAT_V1",
     "FORMAT_V2",
+    "FORMAT_V3",
     "INT64_MAX",
     "MAGIC",
     "MAX_REASON_CHARS",
     "REASONS",
+    "STATE_MAGIC",
     "STATUS_NUMERIC_FIELDS",
     "STATUS_STATES",
     "STATUS_VERSION",
@@ -102,16 +110,20 @@ __all__ = [
     "Limits",
     "SeriesChecker",
     "StatusState",
+    "StreamDecoder",
+    "StreamEncoder",
     "WireError",
     "batch_to_json",
     "decode_ack",
     "decode_batch",
     "decode_batch_with_header",
+    "decode_state",
     "decode_status",
     "encode_ack",
     "encode_batch",
     "encode_status",
     "float_repr",
+    "frame_base",
     "peek_header",
     "timestamp_in_range",
     "validate_batch",

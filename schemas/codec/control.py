@@ -32,14 +32,20 @@ from schemas.codec.limits import (
 ACK_VERSION: Final = 1
 STATUS_VERSION: Final = 1
 
-AckResultKind = Literal["ok", "rejected"]
+AckResultKind = Literal["ok", "rejected", "partial"]
 MAX_REASON_CHARS: Final = 256
 
 
 class AckResult(NamedTuple):
+    """One batch's outcome. ``ok``: every sample written; ``rejected``: none (``reason`` says why);
+    ``partial``: ``written`` samples are in the receiver and ``refused`` were refused (``reason``) and
+    dead-lettered in the cloud. The counts are only carried by ``partial`` (0 otherwise)."""
+
     seq: int
     result: AckResultKind
     reason: str | None = None
+    written: int = 0
+    refused: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,22 +97,28 @@ def _ack_wire(node: str, results: Iterable[AckResult], limits: Limits) -> dict[s
     _check_name("node", node)
     by_seq: dict[int, AckResult] = {}
     for item in results:
-        seq, result, reason = item
+        seq, result, reason, written, refused = item
         _check_seq(seq)
         if result == "ok":
             if reason is not None:
                 _fail("malformed", f"seq {seq}: an ok result carries no reason")
         elif result == "rejected":
             _check_reason(reason)
+        elif result == "partial":
+            _check_reason(reason)
+            _check_counts(seq, written, refused)
         else:
-            _fail("malformed", f"seq {seq}: result {result!r} is neither ok nor rejected")
-        norm = AckResult(seq, result, reason)
+            _fail("malformed", f"seq {seq}: result {result!r} is neither ok, rejected nor partial")
+        if result != "partial" and (written or refused):
+            _fail("malformed", f"seq {seq}: only a partial result carries counts")
+        norm = AckResult(seq, result, reason, written, refused)
         if by_seq.setdefault(seq, norm) != norm:
             _fail("malformed", f"seq {seq} has two different results")
     if len(by_seq) > limits.max_ack_results:
         _fail("oversized", f"{len(by_seq)} ack results > {limits.max_ack_results}")
     ok: list[int | list[int]] = []
     rejected: list[list[int | str]] = []
+    partial: list[list[int | str]] = []
     # Runs of consecutive acked seqs become [first, last] ranges: a drained backlog acks in one line.
     run_start = run_end = -1
     for seq in sorted(by_seq):
@@ -114,6 +126,10 @@ def _ack_wire(node: str, results: Iterable[AckResult], limits: Limits) -> dict[s
         if res.result == "rejected":
             assert res.reason is not None
             rejected.append([seq, res.reason])
+            continue
+        if res.result == "partial":
+            assert res.reason is not None
+            partial.append([seq, res.written, res.refused, res.reason])
             continue
         if seq == run_end + 1:
             run_end = seq
@@ -128,15 +144,24 @@ def _ack_wire(node: str, results: Iterable[AckResult], limits: Limits) -> dict[s
         wire["ok"] = ok
     if rejected:
         wire["rejected"] = rejected
+    if partial:
+        wire["partial"] = partial
     return wire
+
+
+def _check_counts(seq: int, written: object, refused: object) -> None:
+    for name, count in (("written", written), ("refused", refused)):
+        if type(count) is not int or not 0 < count <= INT64_MAX:
+            _fail("malformed", f"seq {seq}: a partial result's {name} count must be in 1..2^63-1")
 
 
 def encode_ack(
     node: str, results: Iterable[AckResult], limits: Limits = DEFAULT_LIMITS, *, incarnation: int = 0
 ) -> bytes:
-    """``{"v":1,"node":..,"ok":[seq | [first,last], ..],"rejected":[[seq,reason], ..]}``, and ``"inc"``
-    when ``incarnation`` is given (only for batches whose header carried one: older relays refuse
-    an ack with keys they do not know)."""
+    """``{"v":1,"node":..,"ok":[seq | [first,last], ..],"rejected":[[seq,reason], ..],
+    "partial":[[seq,written,refused,reason], ..]}``, and ``"inc"`` when ``incarnation`` is given (only
+    for batches whose header carried one: older relays refuse an ack with keys they do not know; for
+    the same reason the ingester sends ``partial`` results only to relays that send ``inc``)."""
     try:
         wire = _ack_wire(node, results, limits)
         if incarnation:
@@ -155,14 +180,14 @@ def encode_ack(
 def _decode_ack(data: bytes, limits: Limits) -> Ack:
     obj = _json_loads(data, limits.max_ack_bytes, "ack")
     _check_version(obj, ACK_VERSION, "ack")
-    if not obj.keys() <= {"v", "node", "ok", "rejected", "inc"} or "node" not in obj:
-        _fail("malformed", f"ack keys {sorted(obj)}: need v, node and optional ok, rejected, inc")
+    if not obj.keys() <= {"v", "node", "ok", "rejected", "partial", "inc"} or "node" not in obj:
+        _fail("malformed", f"ack keys {sorted(obj)}: need v, node and optional ok, rejected, partial, inc")
     incarnation = _check_incarnation(obj["inc"]) if "inc" in obj else 0
     node = obj["node"]
     _check_name("node", node)
-    ok, rejected = obj.get("ok", []), obj.get("rejected", [])
-    if type(ok) is not list or type(rejected) is not list:
-        _fail("malformed", "ok and rejected must be arrays")
+    ok, rejected, partial = obj.get("ok", []), obj.get("rejected", []), obj.get("partial", [])
+    if type(ok) is not list or type(rejected) is not list or type(partial) is not list:
+        _fail("malformed", "ok, rejected and partial must be arrays")
     results: dict[int, AckResult] = {}
     budget = limits.max_ack_results
 
@@ -191,6 +216,12 @@ def _decode_ack(data: bytes, limits: Limits) -> Ack:
         if type(entry) is not list or len(entry) != 2:
             _fail("malformed", "a rejected entry is [seq, reason]")
         add(AckResult(_check_seq(entry[0]), "rejected", _check_reason(entry[1])))
+    for entry in partial:
+        if type(entry) is not list or len(entry) != 4:
+            _fail("malformed", "a partial entry is [seq, written, refused, reason]")
+        seq = _check_seq(entry[0])
+        _check_counts(seq, entry[1], entry[2])
+        add(AckResult(seq, "partial", _check_reason(entry[3]), entry[1], entry[2]))
     return Ack(node, [results[seq] for seq in sorted(results)], incarnation=incarnation)
 
 

@@ -1,9 +1,10 @@
 """The envelope: ``b"ERB"`` + one format-version byte + a msgpack map (header fields and the ``body``).
 
 The top of the batch path: ``encode_batch`` validates (``limits``), has the version's body encoded
-(``v1`` or ``v2``) and frames it; the decoders check magic, version byte and header map, then hand
-the body to that version's decoder (``_VERSIONS``), so every version stays decodable.  The version
-table lives here, above both bodies, so imports run one way (no registry the bodies fill in).  Also
+(``v1``, ``v2``, or a ``v3`` key frame) and frames it; the decoders check magic, version byte and
+header map, then hand the body to that version's decoder (``_VERSIONS``), so every version stays
+decodable (v3 delta frames need state: ``stream.StreamDecoder``).  The version table lives here, above
+the bodies, so imports run one way (no registry the bodies fill in).  Also
 the exact JSON view of a decoded batch that the golden vectors use.
 """
 
@@ -16,7 +17,7 @@ from typing import Any, Final, NamedTuple
 
 import msgpack
 
-from schemas.codec import v1, v2
+from schemas.codec import v1, v2, v3
 from schemas.codec.compression import DEFAULT_ZSTD_LEVEL
 from schemas.codec.limits import (
     _BIG_ENDIAN,
@@ -38,6 +39,7 @@ from schemas.codec.limits import (
 )
 from schemas.codec.v1 import CODEC_V1, FORMAT_V1
 from schemas.codec.v2 import CODEC_V2, FORMAT_V2
+from schemas.codec.v3 import CODEC_V3, FORMAT_V3
 from schemas.model import STALE_NAN_BITS, Batch, float_bits
 
 MAGIC: Final = b"ERB"
@@ -116,6 +118,11 @@ def _decode_envelope_v2(payload: memoryview, limits: Limits) -> tuple[Header, by
     return _decode_envelope(payload, limits, FORMAT_V2, CODEC_V2)
 
 
+def _decode_envelope_v3(payload: memoryview, limits: Limits) -> tuple[Header, bytes]:
+    # v3 keeps the v1 header map too; whether a frame is a key frame is in its body's first byte.
+    return _decode_envelope(payload, limits, FORMAT_V3, CODEC_V3)
+
+
 def _decode_envelope(
     payload: memoryview, limits: Limits, version: int, expected_codec: str
 ) -> tuple[Header, bytes]:
@@ -192,6 +199,8 @@ class _Format(NamedTuple):
 _VERSIONS: Final[dict[int, _Format]] = {
     FORMAT_V1: _Format(CODEC_V1, v1.encode_body, _decode_envelope_v1, v1.decode_body),
     FORMAT_V2: _Format(CODEC_V2, v2.encode_body, _decode_envelope_v2, v2.decode_body),
+    # v3 alone: key frames (encode_batch writes one); delta frames need a stream.StreamDecoder.
+    FORMAT_V3: _Format(CODEC_V3, v3.encode_body, _decode_envelope_v3, v3.decode_body),
 }
 # A tuple, not the dict: ``in`` then compares an unhashable ``version`` instead of raising TypeError.
 _FORMAT_VERSIONS: Final = tuple(_VERSIONS)

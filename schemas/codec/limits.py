@@ -12,12 +12,12 @@ from __future__ import annotations
 import re
 import sys
 from array import array
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
 from schemas import columnar
-from schemas.model import Batch, ScrapeBlock
+from schemas.model import Batch, Labels, ScrapeBlock
 from schemas.topics import validate_name
 
 INT64_MAX: Final = 2**63 - 1
@@ -54,6 +54,7 @@ REASONS: Final = frozenset(
         "bad_index",
         "length_mismatch",
         "bad_timestamp",
+        "need_state",  # v3 delta frame whose base state the decoder does not hold
     }
 )
 
@@ -334,7 +335,8 @@ def validate_batch(batch: Batch, limits: Limits = DEFAULT_LIMITS) -> None:
         raise EncodeError(exc.reason, exc.message) from None
 
 
-def _validate_batch(batch: Batch, limits: Limits) -> None:
+def _validate_batch(batch: Batch, limits: Limits, known: Container[Labels] = ()) -> None:
+    # ``known``: label sets checked before (a v3 stream's dictionary), so only new ones cost a check.
     _check_header_names(batch.cluster, batch.node)
     _check_seq(batch.seq)
     labelsets = batch.labelsets
@@ -345,7 +347,12 @@ def _validate_batch(batch: Batch, limits: Limits) -> None:
     checker = _LabelChecker(limits)
     pairs = 0
     for labels in labelsets:
-        checker.check_labels(labels)
+        try:
+            fresh = labels not in known
+        except TypeError:  # unhashable, so not a label set: check_labels says why
+            fresh = True
+        if fresh:
+            checker.check_labels(labels)
         pairs += len(labels)
         if pairs > limits.max_label_pairs:
             _fail("too_many_label_pairs", f"more than {limits.max_label_pairs} labels in the batch")

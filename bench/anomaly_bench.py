@@ -1,0 +1,550 @@
+"""Which anomaly detector should the edge relay run? Labelled simulated incidents, detectors compared.
+
+Issue 14: a detection raises the affected GPU to full resolution, so the detector must catch real
+incidents early, rarely cry wolf on an ordinary day, and cost next to nothing on the edge. This bench
+runs the simulator (``simulator.incidents``) with one incident per run (each kind on a random GPU at a
+random time, 2-6 min long) plus incident-free runs, scrapes dcgm-exporter (with the health fields:
+throttle reasons, ECC) and Kepler every 5 s, and feeds each GPU's signals to every detector:
+
+- ``rules:counters``: any XID, any throttle reason but idle / application clocks / sync boost, any
+  remapped row or ECC error;
+- ``rules:all``: those plus thresholds (temperature, memory temperature, power at the limit, FB full)
+  and slopes (temperature, FB used rising fast);
+- ``robust-z``: median / MAD over a sliding 10 min window, per signal; ``ewma``: an EWMA mean and
+  variance per signal (half-life ~3.5 min); both score max |z| over the signals;
+- ``hst``: river's ``anomaly.HalfSpaceTrees`` (online isolation forest) on the signals scaled to [0, 1]
+  by the GPU's physical ranges; ``iforest``: scikit-learn's ``IsolationForest`` refitted every 10 min on
+  the last hour, as the seed sketches.
+
+The simulator's ordinary day is smooth, so the bench adds what a real one has (seeded, the same for
+every detector): sensor noise and benign load steps (a job starts or stops: utilisation +-30 %, power
+and temperature follow, a model is loaded or dropped). Thresholds of the statistical detectors are
+calibrated on separate incident-free runs: the lowest at which they raise at most ``--target-fp``
+(0.25) false events per GPU-hour there; an alarm is a score over it on two scrapes in a row, an event
+its onset (alarms within a minute of one another are one event). Edge cost is measured in
+subprocesses (RSS) and from the packages' installed files.
+
+    .venv/bin/python bench/anomaly_bench.py              # 16 runs per kind, 16 free, 8 calibration
+    .venv/bin/python bench/anomaly_bench.py --quick      # 2 / 3 / 2 runs, ~1 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.metadata
+import json
+import math
+import random
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from simulator import Simulator  # noqa: E402
+from simulator.incidents import KINDS, Incident  # noqa: E402
+
+INTERVAL = 5.0
+SIGNALS = ("util", "power", "temp", "mem_temp", "fb", "clock", "w_per_util")
+# A100 80GB PCIe (the simulated NVIDIA node): ranges for scaling and the rules' thresholds.
+LIMIT_W, FB_TOTAL_MIB, CLOCK_MAX = 300.0, 81920.0, 1410.0
+RANGES = {"util": 100.0, "power": LIMIT_W, "temp": 100.0, "mem_temp": 100.0, "fb": FB_TOTAL_MIB,
+          "clock": CLOCK_MAX, "w_per_util": 20.0}  # fmt: skip
+# z-score floors: a flat signal's MAD is ~0, a change smaller than this is never an anomaly.
+FLOORS = {"util": 3.0, "power": 5.0, "temp": 1.0, "mem_temp": 1.0, "fb": 256.0, "clock": 20.0,
+          "w_per_util": 0.2}  # fmt: skip
+THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # power cap, HW slowdown, SW/HW thermal, power brake
+GRACE = 6  # scrapes after an incident's end where a first alarm still counts as a detection
+REFRACTORY = 12  # alarms within a minute are one event
+_LINE = re.compile(r'^(DCGM_FI_DEV_\w+)\{gpu="(\d+)".*\} (\S+)$', re.M)
+_KEPLER = re.compile(r'^kepler_node_gpu_watts\{gpu="(\d+)".*\} (\S+)$', re.M)
+
+Sample = dict[str, float]
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --- data: the simulator, plus an ordinary day's noise ------------------------------------------
+
+
+def scrape(sim: Simulator, tick: int) -> dict[int, Sample]:
+    gpus: dict[int, Sample] = {}
+    for name, gpu, value in _LINE.findall(sim.render("dcgm", tick).decode()):
+        gpus.setdefault(int(gpu), {})[name[12:]] = float(value)
+    for gpu, value in _KEPLER.findall(sim.render("kepler", tick).decode()):
+        gpus[int(gpu)]["KEPLER_WATTS"] = float(value)
+    return gpus
+
+
+class OrdinaryDay:
+    """Sensor noise and benign load steps for one GPU (seeded, independent of the incidents)."""
+
+    def __init__(self, rng: random.Random, ticks: int) -> None:
+        self.rng = rng
+        self.steps: list[tuple[int, int, float, float]] = []  # start, end, util delta, fb delta
+        t = 0
+        while True:
+            t += int(rng.expovariate(1 / 180))  # one every ~15 min
+            if t >= ticks:
+                break
+            fb = rng.choice((0.0, rng.uniform(2048, 12288) * rng.choice((-1, 1))))
+            self.steps.append((t, t + rng.randint(24, 240), rng.uniform(-30, 30), fb))
+        self.temp_offset = 0.0
+
+    def apply(self, tick: int, raw: Sample) -> Sample:
+        rng, du, dfb = self.rng, 0.0, 0.0
+        for start, end, u, fb in self.steps:
+            if start <= tick < end:
+                du, dfb = du + u, dfb + fb
+        util = min(100.0, max(0.0, raw["GPU_UTIL"] + du + rng.gauss(0, 2)))
+        dpower = (util - raw["GPU_UTIL"]) / 100 * 0.8 * (LIMIT_W - 70)
+        noise = rng.gauss(0, 0.015)
+        power = min(LIMIT_W * 1.03, max(20.0, (raw["POWER_USAGE"] + dpower) * (1 + noise)))
+        target = dpower * 0.06  # ~6 °C per 100 W, reached with a 60 s time constant
+        self.temp_offset += (target - self.temp_offset) * (1 - math.exp(-INTERVAL / 60))
+        kw = raw.get("KEPLER_WATTS", raw["POWER_USAGE"])
+        return {
+            "util": util,
+            "power": power,
+            "temp": min(100.0, raw["GPU_TEMP"] + self.temp_offset + rng.gauss(0, 0.4)),
+            "mem_temp": min(100.0, raw["MEMORY_TEMP"] + self.temp_offset + rng.gauss(0, 0.4)),
+            "fb": min(FB_TOTAL_MIB, max(0.0, raw["FB_USED"] + dfb + rng.gauss(0, 16))),
+            "clock": min(CLOCK_MAX, max(210.0, raw["SM_CLOCK"] + rng.gauss(0, 8))),
+            "w_per_util": (kw + dpower) * (1 + noise) / max(util, 5.0),
+            # counters and codes: exact
+            "xid": raw["XID_ERRORS"],
+            "throttle": raw["CLOCK_THROTTLE_REASONS"],
+            "rows": raw["UNCORRECTABLE_REMAPPED_ROWS"] + raw["CORRECTABLE_REMAPPED_ROWS"],
+            "ecc": raw["ECC_SBE_VOL_TOTAL"] + raw["ECC_DBE_VOL_TOTAL"],
+        }
+
+
+def run_data(
+    seed: int, incident: Incident | None, ticks: int, benign: bool = True
+) -> dict[int, list[Sample]]:
+    sim = Simulator(
+        seed, exporters=("dcgm", "kepler"), incidents=[incident] if incident else [], dcgm_health_fields=True
+    )
+    days = {g: OrdinaryDay(random.Random(f"day:{seed}:{g}"), ticks if benign else 0) for g in (0, 1)}
+    out: dict[int, list[Sample]] = {0: [], 1: []}
+    for tick in range(ticks):
+        for gpu, raw in scrape(sim, tick).items():
+            out[gpu].append(days[gpu].apply(tick, raw))
+    return out
+
+
+# --- detectors ----------------------------------------------------------------------------------
+
+
+class Rules:
+    """The rules a GPU preset ships with; score 1 when one fires (no calibration: physical limits)."""
+
+    def __init__(self, thresholds: bool) -> None:
+        self.thresholds = thresholds
+        self.prev: Sample | None = None
+        self.hist: deque[Sample] = deque(maxlen=13)
+        self.hot = self.capped = 0
+
+    def score(self, x: Sample) -> float:
+        p, fired = self.prev, False
+        if p is not None:
+            fired = (x["xid"] != 0 and x["xid"] != p["xid"]) or x["rows"] > p["rows"] or x["ecc"] > p["ecc"]
+        fired = fired or bool(int(x["throttle"]) & THROTTLE_MASK)
+        self.prev = x
+        self.hist.append(x)
+        if not self.thresholds:
+            return float(fired)
+        self.hot = self.hot + 1 if x["temp"] >= 85 or x["mem_temp"] >= 92 else 0
+        self.capped = self.capped + 1 if x["power"] >= 0.97 * LIMIT_W else 0
+        fired = fired or self.hot >= 2 or self.capped >= 3 or x["fb"] >= 0.95 * FB_TOTAL_MIB
+        h = self.hist
+        if len(h) >= 4 and h[-1]["temp"] - h[-4]["temp"] >= 4.5:  # >= 0.3 °C/s over 15 s
+            fired = True
+        if len(h) == h.maxlen:
+            # FB used climbing steadily for a minute: >= 5 % of the total, 10 of 12 steps up by more than
+            # allocator noise, no step more than 40 % of the rise (a model loading is one or two jumps).
+            steps = [b["fb"] - a["fb"] for a, b in zip(list(h)[:-1], list(h)[1:], strict=True)]
+            rise = h[-1]["fb"] - h[0]["fb"]
+            ups = sum(d > 0.001 * FB_TOTAL_MIB for d in steps)
+            fired = fired or (rise >= 0.05 * FB_TOTAL_MIB and ups >= 10 and max(steps) <= 0.4 * rise)
+        return float(fired)
+
+
+class RobustZ:
+    def __init__(self, window: int = 120) -> None:
+        self.hist = {s: deque[float](maxlen=window) for s in SIGNALS}
+
+    def score(self, x: Sample) -> float:
+        z = 0.0
+        for s, h in self.hist.items():
+            if len(h) >= 24:
+                srt = sorted(h)
+                med = srt[len(srt) // 2]
+                mad = sorted(abs(v - med) for v in srt)[len(srt) // 2]
+                z = max(z, abs(x[s] - med) / (1.4826 * mad + FLOORS[s]))
+            h.append(x[s])
+        return z
+
+
+class Ewma:
+    def __init__(self, alpha: float = 0.016) -> None:  # half-life ~43 scrapes (3.5 min)
+        self.alpha, self.n = alpha, 0
+        self.mean: dict[str, float] = {}
+        self.var: dict[str, float] = {}
+
+    def score(self, x: Sample) -> float:
+        z, a = 0.0, self.alpha
+        for s in SIGNALS:
+            v = x[s]
+            if self.n == 0:
+                self.mean[s], self.var[s] = v, 0.0
+                continue
+            d = v - self.mean[s]
+            if self.n >= 24:
+                z = max(z, abs(d) / math.sqrt(self.var[s] + FLOORS[s] ** 2))
+            self.mean[s] += a * d
+            self.var[s] = (1 - a) * (self.var[s] + a * d * d)
+        self.n += 1
+        return z
+
+
+class Hst:
+    """river's HalfSpaceTrees on the signals scaled by the GPU's physical ranges (it wants [0, 1])."""
+
+    def __init__(self, seed: int = 1) -> None:
+        from river import anomaly
+
+        # river's defaults (10 trees of height 8); the paper's 25 x 15 takes ~0.5 GB and ~25 ms a scrape.
+        self.model = anomaly.HalfSpaceTrees(n_trees=10, height=8, window_size=250, seed=seed)
+
+    def score(self, x: Sample) -> float:
+        f = {s: min(1.0, max(0.0, x[s] / RANGES[s])) for s in SIGNALS}
+        score = float(self.model.score_one(f))
+        self.model.learn_one(f)
+        return score
+
+
+class IForest:
+    """scikit-learn's IsolationForest, refitted every ``every`` scrapes on the last ``window``."""
+
+    def __init__(self, seed: int = 1, every: int = 120, window: int = 720) -> None:
+        from sklearn.ensemble import IsolationForest
+
+        self.make = lambda: IsolationForest(n_estimators=100, max_samples="auto", random_state=seed)
+        self.every, self.hist = every, deque[list[float]](maxlen=window)
+        self.model: Any = None
+        self.seen = 0
+
+    def scores(self, xs: Sequence[Sample]) -> list[float]:
+        """The online scores of a stream, each scrape scored by the model fitted before it; computed a
+        refit period at a time (the same numbers as one call per scrape, much faster here)."""
+        out: list[float] = []
+        for i in range(0, len(xs), self.every):
+            block = [[x[s] for s in SIGNALS] for x in xs[i : i + self.every]]
+            out += [0.0] * len(block) if self.model is None else list(-self.model.score_samples(block))
+            self.hist.extend(block)
+            self.model = self.make().fit(list(self.hist))
+        return out
+
+
+DETECTORS: dict[str, Callable[[], Any]] = {
+    "rules:counters": lambda: Rules(thresholds=False),
+    "rules:all": lambda: Rules(thresholds=True),
+    "robust-z": RobustZ,
+    "ewma": Ewma,
+    "hst": Hst,
+    "iforest": IForest,
+}
+CALIBRATED = ("robust-z", "ewma", "hst", "iforest")
+
+
+def stream_scores(name: str, xs: Sequence[Sample]) -> tuple[list[float], float]:
+    """Scores of one GPU's stream and the CPU seconds they took."""
+    det = DETECTORS[name]()
+    t0 = time.process_time()
+    scores = det.scores(xs) if isinstance(det, IForest) else [det.score(x) for x in xs]
+    return scores, time.process_time() - t0
+
+
+# --- scoring ------------------------------------------------------------------------------------
+
+
+def alarms(scores: Sequence[float], threshold: float, debounce: int, warmup: int) -> list[bool]:
+    """Per scrape: over the threshold on ``debounce`` scrapes in a row (after the warm-up)."""
+    out, run = [], 0
+    for t, v in enumerate(scores):
+        run = run + 1 if v > threshold and t >= warmup else 0
+        out.append(run >= debounce)
+    return out
+
+
+def events(alarm: Sequence[bool]) -> list[int]:
+    """Ticks where an event starts: an alarm not within ``REFRACTORY`` of the previous one."""
+    out, last = [], -(10**9)
+    for t, a in enumerate(alarm):
+        if a:
+            if t - last > REFRACTORY:
+                out.append(t)
+            last = t
+    return out
+
+
+def onsets(scores: Sequence[float], threshold: float, debounce: int, warmup: int) -> list[int]:
+    return events(alarms(scores, threshold, debounce, warmup))
+
+
+def calibrate(streams: Sequence[Sequence[float]], warmup: int, allowed: float) -> float:
+    """The lowest threshold at which the incident-free ``streams`` raise at most ``allowed`` events."""
+    values = sorted(v for s in streams for v in s[warmup:])
+    candidates = sorted({values[min(len(values) - 1, int(q / 1000 * len(values)))] for q in range(900, 1000)})
+    candidates.append(values[-1] * 1.01 + 1e-9)
+    for threshold in candidates:
+        if sum(len(onsets(s, threshold, 2, warmup)) for s in streams) <= allowed:
+            return threshold
+    return candidates[-1]
+
+
+def pct(values: Sequence[float], q: float) -> float:
+    if not values:
+        return math.nan
+    srt = sorted(values)
+    return srt[min(len(srt) - 1, max(0, math.ceil(q * len(srt)) - 1))]
+
+
+def evaluate(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    rng = random.Random(args.seed)
+    warmup = 120  # the first 10 min: baselines form, no alarms
+    runs: list[tuple[str, int, Incident | None]] = []
+    for i in range(args.calibration_runs):
+        runs.append(("calibration", 10_000 + i, None))
+    for i in range(args.free_runs):
+        runs.append(("free", 20_000 + i, None))
+    for kind in KINDS:
+        for _ in range(args.runs_per_kind):
+            n = rng.randint(24, 72)
+            start = rng.randint(warmup + 60, args.ticks - n - GRACE - 1)
+            runs.append((kind, rng.randrange(1, 10**6), Incident(kind, rng.randint(0, 1), start, n)))
+    names = [n for n in DETECTORS if n in args.detectors]
+    scores: dict[str, list[tuple[str, Incident | None, int, list[float]]]] = {n: [] for n in names}
+    cpu = dict.fromkeys(names, 0.0)
+    evals = 0
+    for i, (label, seed, inc) in enumerate(runs):
+        t0 = time.monotonic()
+        data = run_data(seed, inc, args.ticks, benign=not args.no_benign)
+        for gpu, xs in data.items():
+            evals += len(xs)
+            for name in names:
+                s, c = stream_scores(name, xs)
+                scores[name].append((label, inc, gpu, s))
+                cpu[name] += c
+        where = "" if inc is None else f" gpu {inc.gpu} at {inc.start_tick}"
+        log(f"run {i + 1}/{len(runs)} ({label}{where}) {time.monotonic() - t0:.1f} s")
+    thresholds: dict[str, float] = {}
+    cal_hours = args.calibration_runs * 2 * args.ticks * INTERVAL / 3600
+    for name in names:
+        thresholds[name] = 0.5
+        if name in CALIBRATED:
+            thresholds[name] = calibrate([s for label, _, _, s in scores[name] if label == "calibration"],
+                                         warmup, args.target_fp * cal_hours)  # fmt: skip
+    rows: list[list[str]] = []
+    summary: dict[str, Any] = {}
+    free_hours = args.free_runs * 2 * args.ticks * INTERVAL / 3600
+    streams: dict[str, list[tuple[str, Incident | None, int, list[bool]]]] = {}
+    for name in names:
+        debounce = 1 if name.startswith("rules") else 2
+        streams[name] = [
+            (lb, inc, g, alarms(s, thresholds[name], debounce, warmup)) for lb, inc, g, s in scores[name]
+        ]
+    # What a sidecar would run: the rules, or-ed with one score.
+    for score in ("ewma", "hst"):
+        if "rules:all" in streams and score in streams:
+            both = zip(streams["rules:all"], streams[score], strict=True)
+            streams[f"rules:all + {score}"] = [
+                (lb, inc, g, [x or y for x, y in zip(a, b, strict=True)]) for (lb, inc, g, a), (*_, b) in both
+            ]
+            thresholds[f"rules:all + {score}"] = thresholds[score]
+            cpu[f"rules:all + {score}"] = cpu["rules:all"] + cpu[score]
+    for name, per_stream in streams.items():
+        fp_free = 0
+        per_kind: dict[str, dict[str, Any]] = {
+            k: {"tp": 0, "fp": 0, "hit": 0, "n": 0, "delays": [], "fp_where": []} for k in KINDS
+        }
+        for label, inc, gpu, alarm in per_stream:
+            starts = events(alarm)
+            if label == "free":
+                fp_free += len(starts)
+            elif inc is not None:
+                k = per_kind[label]
+                lo, hi = inc.start_tick, inc.end_tick + GRACE
+                hits = [t for t in starts if gpu == inc.gpu and lo <= t < hi]
+                k["tp"] += len(hits)
+                k["fp"] += len(starts) - len(hits)
+                k["fp_where"] += [
+                    "other gpu" if gpu != inc.gpu else "before" if t < lo else "after"
+                    for t in starts
+                    if t not in hits
+                ]
+                if gpu == inc.gpu:
+                    k["n"] += 1
+                    if hits:
+                        k["hit"] += 1
+                        k["delays"].append((hits[0] - lo) * INTERVAL)
+        for kind, k in per_kind.items():
+            n_events = k["tp"] + k["fp"]
+            prec = k["tp"] / n_events if n_events else math.nan
+            rows.append([name, kind, f"{prec:.2f}", f"{k['hit']}/{k['n']}",
+                         f"{pct(k['delays'], 0.5):.0f}", f"{pct(k['delays'], 0.95):.0f}"])  # fmt: skip
+        summary[name] = {
+            "threshold": thresholds[name],
+            "fp_per_gpu_hour": fp_free / free_hours if free_hours else math.nan,
+            "us_per_eval": 1e6 * cpu[name] / evals,
+            "kinds": per_kind,
+        }
+    text = table(["detector", "incident", "precision", "recall", "delay p50 s", "delay p95 s"], rows)
+
+    def where(n: str) -> str:
+        places = [w for k in summary[n]["kinds"].values() for w in k["fp_where"]]
+        return " / ".join(str(places.count(w)) for w in ("other gpu", "before", "after"))
+
+    text += "\n" + table(
+        ["detector", "threshold", "false events / GPU-hour (incident-free)",
+         "false events in incident runs: other GPU / before / after", "CPU µs / eval (bench)"],
+        [[n, f"{summary[n]['threshold']:.3g}", f"{summary[n]['fp_per_gpu_hour']:.2f}", where(n),
+          f"{summary[n]['us_per_eval']:.0f}"] for n in summary],
+    )  # fmt: skip
+    text += (
+        f"\n{args.runs_per_kind} runs per incident kind, {args.free_runs} incident-free runs "
+        f"({free_hours:.0f} GPU-hours), {args.calibration_runs} calibration runs (thresholds for "
+        f"{args.target_fp} false events / GPU-hour); {args.ticks} scrapes of "
+        f"{INTERVAL:.0f} s per run, 2 GPUs. Precision: events on the incident GPU within its window (+"
+        f"{GRACE * INTERVAL:.0f} s) over all events of those runs.\n"
+    )
+    return text, summary
+
+
+# --- edge cost ----------------------------------------------------------------------------------
+
+_RSS_PROBE = """
+import json, sys, time
+sys.path.insert(0, {bench!r})
+def status():
+    d = {{}}
+    for line in open('/proc/self/status'):
+        k, _, v = line.partition(':')
+        if k in ('VmRSS', 'VmHWM'):
+            d[k] = int(v.split()[0])
+    return d
+import anomaly_bench as ab
+before = status()
+det = ab.DETECTORS[{name!r}]()
+xs = [{{s: 50.0 + (i % 17) for s in ab.SIGNALS}} | {{'xid': 0.0, 'throttle': 0.0, 'rows': 0.0, 'ecc': 0.0}}
+      for i in range(840)]
+if isinstance(det, ab.IForest):
+    det.scores(xs[:720])
+    row = [[xs[0][s] for s in ab.SIGNALS]]
+    t0 = time.perf_counter(); n = 300
+    for _ in range(n):
+        det.model.score_samples(row)
+    single = (time.perf_counter() - t0) / n
+    t0 = time.perf_counter(); det.model = det.make().fit(list(det.hist)); refit = time.perf_counter() - t0
+    us = 1e6 * (single + refit / det.every)
+else:
+    for x in xs[:720]:
+        det.score(x)
+    t0 = time.perf_counter()
+    for x in xs[720:]:
+        det.score(x)
+    us = 1e6 * (time.perf_counter() - t0) / 120
+after = status()
+print(json.dumps({{'rss_kb': after['VmRSS'] - before['VmRSS'], 'hwm_kb': after['VmHWM'] - before['VmHWM'],
+                  'us': us}}))
+"""
+
+DEPENDENCIES = {
+    "hst": ["river", "numpy", "scipy", "narwhals"],
+    "iforest": ["scikit-learn", "numpy", "scipy", "joblib", "threadpoolctl", "narwhals"],
+}
+
+
+def installed_mb(dists: Sequence[str]) -> float:
+    """Size of the distributions' installed files (their RECORD: site-packages dirs, .libs, metadata)."""
+    total = 0
+    for dist in dists:
+        for f in importlib.metadata.distribution(dist).files or []:
+            path = Path(str(f.locate()))
+            if path.is_file():
+                total += path.stat().st_size
+    return total / 1e6
+
+
+def edge_cost(names: Sequence[str]) -> str:
+    rows = []
+    for name in names:
+        probe = _RSS_PROBE.format(bench=str(Path(__file__).parent), name=name)
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+        if out.returncode != 0:
+            rows.append([name, "error", "", "", out.stderr.strip().splitlines()[-1]])
+            continue
+        r = json.loads(out.stdout)
+        deps = DEPENDENCIES.get(name, [])
+        size = f"{installed_mb(deps):.0f} ({', '.join(deps)})" if deps else "0 (stdlib only)"
+        rows.append([name, f"{r['us']:.0f}", f"{r['rss_kb'] / 1024:.1f}", f"{r['hwm_kb'] / 1024:.1f}", size])
+    headers = ["detector", "CPU µs / eval (steady)", "RSS added MiB", "peak RSS added MiB", "install MB"]
+    return table(headers, rows)
+
+
+# --- report -------------------------------------------------------------------------------------
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--runs-per-kind", type=int, default=16)
+    p.add_argument("--free-runs", type=int, default=16)
+    p.add_argument("--calibration-runs", type=int, default=8)
+    p.add_argument("--ticks", type=int, default=720, help="scrapes per run (default 720: 1 h at 5 s)")
+    p.add_argument("--seed", type=int, default=14)
+    p.add_argument(
+        "--target-fp",
+        type=float,
+        default=0.25,
+        help="false events per GPU-hour the statistical detectors' thresholds are calibrated to (0.25)",
+    )
+    p.add_argument("--detectors", nargs="+", default=list(DETECTORS), choices=list(DETECTORS))
+    p.add_argument("--quick", action="store_true", help="2 runs per kind, 3 free, 2 calibration")
+    p.add_argument("--no-benign", action="store_true", help="sensor noise only, no benign load steps")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.runs_per_kind, args.free_runs, args.calibration_runs = 2, 3, 2
+    started = time.monotonic()
+    report = "# Anomaly detectors on simulated GPU incidents (issue 14)\n\n"
+    text, summary = evaluate(args)
+    report += text + "\n## Edge cost\n\n" + edge_cost(args.detectors)
+    report += f"\nBench wall time {(time.monotonic() - started) / 60:.1f} min; `{shlex.join(sys.argv)}`.\n"
+    results = ROOT / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    (results / f"{stamp}-anomaly.md").write_text(report)
+    (results / f"{stamp}-anomaly.json").write_text(json.dumps(summary, indent=1, default=str))
+    print(report)
+    log(f"written to bench/results/{stamp}-anomaly.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

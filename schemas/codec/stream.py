@@ -1,0 +1,343 @@
+"""Stream coding state for wire format v3: the per-node encoder, the decoder and the state message.
+
+No MQTT here: ``StreamEncoder`` turns each scrape cycle of one node into a v3 frame (a key frame every
+``keyframe_every`` frames or when asked, else a delta frame coded against the previous frame) and can
+serialise its current state (``state()``: the message for ``<prefix>/v1/<cluster>/<node>/state``).
+``StreamDecoder`` decodes frames of any number of nodes against the states it holds or can look up by
+id, and refuses a delta frame whose base state it lacks with ``DecodeError("need_state")``: losing
+state costs a re-sent frame, never a wrong sample.  Design: ``docs/stream-codec.md``.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Final
+
+import msgpack
+
+from schemas import columnar
+from schemas.codec import v3
+from schemas.codec.compression import DEFAULT_ZSTD_LEVEL, _bounded_decompress, _compressor
+from schemas.codec.envelope import MAGIC, _open_envelope, decode_batch
+from schemas.codec.limits import (
+    DEFAULT_LIMITS,
+    INT64_MAX,
+    EncodeError,
+    Header,
+    Limits,
+    _check_header_names,
+    _fail,
+    _Invalid,
+    _msgpack_error,
+    _run,
+    _strict_map,
+    _validate_batch,
+)
+from schemas.codec.v2 import _encode_labels_v2, _read_labels_v2
+from schemas.codec.v3 import CODEC_V3, FORMAT_V3, KIND_NONE, SID_BYTES, State
+from schemas.model import Batch
+
+STATE_MAGIC: Final = b"ERS"
+STATE_VERSION: Final = 1
+DEFAULT_KEYFRAME_EVERY: Final = 360  # 30 min at 5 s: docs/stream-codec.md, table 1
+_STATE_SECTIONS: Final = 8  # COUNT, 5 label sections, BLOCKS, VALUES
+_HEADER_MAX_STR: Final = 1024
+StateLookup = Callable[[str, str, bytes], bytes | None]  # (cluster, node, sid) -> state message
+
+
+def frame_base(data: bytes, limits: Limits = DEFAULT_LIMITS) -> bytes | None:
+    """The base state id a v3 frame needs (None: a key frame, or not a v3 frame), body not decompressed."""
+
+    def go() -> bytes | None:
+        header, body, _ = _open_envelope(data, limits)
+        return v3.split_body(body)[0] if header.version == FORMAT_V3 else None
+
+    base: bytes | None = _run(go)
+    return base
+
+
+class StreamEncoder:
+    """Encodes the scrape cycles of one node as a v3 frame stream (not thread-safe)."""
+
+    def __init__(
+        self,
+        cluster: str,
+        node: str,
+        *,
+        keyframe_every: int = DEFAULT_KEYFRAME_EVERY,
+        level: int = DEFAULT_ZSTD_LEVEL,
+        limits: Limits = DEFAULT_LIMITS,
+    ) -> None:
+        if keyframe_every < 1:
+            raise ValueError("keyframe_every must be >= 1")
+        self.cluster = cluster
+        self.node = node
+        self.keyframe_every = keyframe_every
+        self.level = level
+        self.limits = limits
+        self._state: State | None = None
+        self._since_key = 0
+
+    @property
+    def sid(self) -> bytes | None:
+        """Id of the state the next delta frame will be coded against (None before the first frame)."""
+        return None if self._state is None else self._state.sid
+
+    def encode(self, batch: Batch, *, key: bool = False) -> bytes:
+        """The next frame of the stream: a key frame when asked, at the cadence, or when the dictionary
+        would outgrow its caps or carry more than twice the live series (a key frame compacts it)."""
+        self._check(batch)
+        base = self._state
+        if (
+            base is None
+            or key
+            or self._since_key + 1 >= self.keyframe_every
+            or len(base.labels) > 2 * len(batch.labelsets) + 1024
+        ):
+            base = None
+        try:
+            data, state = self._frame(base, batch)
+        except EncodeError as exc:
+            if base is None or exc.reason not in ("too_many_series", "too_many_label_pairs"):
+                raise
+            base = None
+            data, state = self._frame(None, batch)
+        self._state = state
+        self._since_key = 0 if base is None else self._since_key + 1
+        return data
+
+    def keyframe(self, batch: Batch) -> bytes:
+        """``batch`` as a key frame that also restarts the stream (later frames build on it)."""
+        return self.encode(batch, key=True)
+
+    def self_contained(self, batch: Batch) -> bytes:
+        """``batch`` as a key frame that leaves the stream alone: a frame re-sent after ``need_state``."""
+        self._check(batch)
+        return self._frame(None, batch)[0]
+
+    def state(self) -> bytes:
+        """The state message of the current state (what a decoder needs for the next delta frame)."""
+        if self._state is None:
+            raise EncodeError("need_state", "no frame encoded yet")
+        return encode_state(self.cluster, self._state, self.level)
+
+    def _check(self, batch: Batch) -> None:
+        if (batch.cluster, batch.node) != (self.cluster, self.node):
+            raise EncodeError("bad_header", f"batch of {batch.node!r} given to the encoder of {self.node!r}")
+        # Label sets already in the dictionary passed these checks when they were added.
+        known = self._state.index if self._state is not None else ()
+        try:
+            _validate_batch(batch, self.limits, known)
+        except _Invalid as exc:
+            raise EncodeError(exc.reason, exc.message) from None
+
+    def _frame(self, base: State | None, batch: Batch) -> tuple[bytes, State]:
+        try:
+            content, state = v3.encode_frame(base, batch, self.limits)
+        except _Invalid as exc:
+            raise EncodeError(exc.reason, exc.message) from None
+        header = {
+            "cluster": batch.cluster,
+            "node": batch.node,
+            "seq": batch.seq,
+            "t0": batch.first_timestamp_ms,
+            "t1": batch.last_timestamp_ms,
+            "n": batch.sample_count,
+            "codec": CODEC_V3,
+            "body": v3.pack_body(base, content, self.level),
+        }
+        if batch.incarnation:
+            header["inc"] = batch.incarnation
+        out = MAGIC + bytes((FORMAT_V3,)) + msgpack.packb(header, use_bin_type=True)
+        if len(out) > self.limits.max_payload_bytes:
+            raise EncodeError("oversized", f"frame of {len(out)} bytes > {self.limits.max_payload_bytes}")
+        return out, state
+
+
+class StreamDecoder:
+    """Decodes frames of any format version; v3 delta frames against the states it holds or looks up.
+
+    Keeps the ``keep`` newest states per node, so a redelivered frame (QoS 1) still finds its base.
+    """
+
+    def __init__(self, limits: Limits = DEFAULT_LIMITS, *, keep: int = 4) -> None:
+        self.limits = limits
+        self.keep = max(1, keep)
+        self._states: dict[tuple[str, str], OrderedDict[bytes, State]] = {}
+
+    def has_state(self, cluster: str, node: str, sid: bytes) -> bool:
+        return sid in self._states.get((cluster, node), {})
+
+    def forget(self, cluster: str, node: str) -> None:
+        self._states.pop((cluster, node), None)
+
+    def decode(self, data: bytes, state_lookup: StateLookup | None = None) -> Batch:
+        """Decode a frame (or a v1/v2 batch); ``need_state`` when its base state is nowhere to be had.
+
+        ``state_lookup(cluster, node, sid)`` may supply a state message (the retained one, say); one
+        that is not the state asked for is ignored.
+        """
+        return self.decode_with_header(data, state_lookup)[1]
+
+    def decode_with_header(
+        self, data: bytes, state_lookup: StateLookup | None = None
+    ) -> tuple[Header, Batch, bytes | None]:
+        """(header, batch, id of the state the frame left or None for v1/v2) of a frame."""
+
+        def go() -> tuple[Header, Batch, bytes | None]:
+            header, body, _ = _open_envelope(data, self.limits)
+            if header.version != FORMAT_V3:
+                return header, decode_batch(data, self.limits), None
+            base_id, compressed = v3.split_body(body)
+            base = None
+            if base_id is not None:
+                base = self._find(header.cluster, header.node, base_id, state_lookup)
+            content = v3.content_of(compressed, self.limits)
+            batch, state = v3.decode_frame(base, header, content, self.limits)
+            batch.incarnation = header.incarnation
+            self._store(header.cluster, state)
+            return header, batch, state.sid
+
+        result: tuple[Header, Batch, bytes | None] = _run(go)
+        return result
+
+    def load_state(self, message: bytes) -> bytes:
+        """Take a state message (``StreamEncoder.state()``); return its state id."""
+        cluster, state = _run(lambda: decode_state(message, self.limits))
+        self._store(cluster, state)
+        return state.sid
+
+    def _find(self, cluster: str, node: str, sid: bytes, lookup: StateLookup | None) -> State:
+        held = self._states.get((cluster, node), {}).get(sid)
+        if held is not None:
+            return held
+        message = lookup(cluster, node, sid) if lookup is not None else None
+        if message is not None:
+            try:
+                got_cluster, state = decode_state(message, self.limits)
+            except _Invalid:  # a bad or stale state message: the frame is re-sent self-contained
+                got_cluster, state = "", State(node)
+            if (got_cluster, state.node, state.sid) == (cluster, node, sid):
+                self._store(cluster, state)
+                return state
+        _fail("need_state", f"no state {sid.hex()} of node {node!r}")
+
+    def _store(self, cluster: str, state: State) -> None:
+        states = self._states.setdefault((cluster, state.node), OrderedDict())
+        states[state.sid] = state
+        states.move_to_end(state.sid)
+        while len(states) > self.keep:
+            states.popitem(last=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# State message: b"ERS" + version byte + msgpack {cluster, node, sid, body}; body = zstd(sections).
+
+
+def encode_state(cluster: str, state: State, level: int = DEFAULT_ZSTD_LEVEL) -> bytes:
+    count = bytearray()
+    columnar.put_uvarint(count, len(state.labels))
+    labels = _encode_labels_v2(state.labels) if state.labels else (b"",) * 5
+    blocks = bytearray()
+    columnar.put_uvarint(blocks, len(state.blocks))
+    for t, ids in state.blocks:
+        columnar.put_uvarint(blocks, t)
+        columnar.put_uvarint(blocks, len(ids))
+        for i in ids:
+            columnar.put_uvarint(blocks, i)
+    values = bytearray()
+    for kind, m, d in zip(state.kinds, state.ms, state.ds, strict=True):
+        values.append(kind)
+        if kind != KIND_NONE:  # m and the previous integer m - d: both within the kind's range
+            columnar.put_uvarint(values, v3._zz(m))
+            columnar.put_uvarint(values, v3._zz(m - d))
+    content = v3._sections((bytes(count), *labels, bytes(blocks), bytes(values)))
+    body = _compressor(level).compress(content)
+    fields = {"cluster": cluster, "node": state.node, "sid": state.sid, "body": body}
+    return STATE_MAGIC + bytes((STATE_VERSION,)) + msgpack.packb(fields, use_bin_type=True)
+
+
+def decode_state(message: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[str, State]:
+    """(cluster, state) of a state message; raises ``_Invalid`` (callers run it through ``_run``)."""
+    if not isinstance(message, bytes | bytearray | memoryview):
+        _fail("malformed", f"expected bytes, got {type(message).__name__}")
+    view = memoryview(message).cast("B")
+    # A state holds a dictionary: allowed up to the decompression cap, not just one payload.
+    if len(view) > limits.max_payload_bytes:
+        _fail("oversized", f"state message of {len(view)} bytes > {limits.max_payload_bytes}")
+    if bytes(view[:3]) != STATE_MAGIC[: len(view[:3])]:
+        _fail("bad_magic", "not a stream state message")
+    if len(view) < 4:
+        _fail("truncated", f"state message of {len(view)} bytes")
+    if view[3] != STATE_VERSION:
+        _fail("unknown_version", f"state message version {view[3]}")
+    try:
+        fields = msgpack.unpackb(
+            view[4:],
+            raw=False,
+            strict_map_key=True,
+            use_list=False,
+            object_pairs_hook=_strict_map,
+            max_bin_len=limits.max_payload_bytes,
+            max_str_len=_HEADER_MAX_STR,
+            max_array_len=8,
+            max_map_len=8,
+            max_ext_len=8,
+        )
+    except ValueError as exc:
+        _msgpack_error(exc, "state message")
+    if type(fields) is not dict or set(fields) != {"cluster", "node", "sid", "body"}:
+        _fail("malformed", "state message needs exactly cluster, node, sid, body")
+    _check_header_names(fields["cluster"], fields["node"])
+    sid, body = fields["sid"], fields["body"]
+    if type(sid) is not bytes or len(sid) != SID_BYTES or type(body) is not bytes:
+        _fail("malformed", "state message sid/body")
+    content = bytes(_bounded_decompress(body, limits.max_decompressed_bytes))
+    return fields["cluster"], _read_state(fields["node"], sid, content, limits)
+
+
+def _read_state(node: str, sid: bytes, content: bytes, limits: Limits) -> State:
+    r = columnar.Reader(content, "state")
+    parts = [r.take(r.uvarint()) for _ in range(_STATE_SECTIONS)]
+    r.done()
+    count = columnar.Reader(parts[0], "COUNT")
+    n = count.count(limits.max_series, "too_many_series", "series")
+    count.done()
+    st = State(node, sid)
+    if n:
+        for labels in _read_labels_v2(parts[1:6], n, limits):
+            st.add_series(labels)
+        if st.pairs > limits.max_label_pairs:
+            _fail("too_many_label_pairs", f"dictionary of more than {limits.max_label_pairs} label pairs")
+    elif any(parts[1:6]):
+        _fail("length_mismatch", "label sections in the state of an empty dictionary")
+    br = columnar.Reader(parts[6], "BLOCKS")
+    total = 0
+    for _ in range(br.count(limits.max_scrapes, "too_many_scrapes", "blocks")):
+        t = br.uvarint()
+        if t > INT64_MAX:
+            _fail("bad_timestamp", f"state block timestamp {t}")
+        size = br.count(min(n, br.remaining()), "bad_index", "block members")
+        total += size
+        if total > limits.max_samples:
+            _fail("too_many_samples", f"state blocks of more than {limits.max_samples} series")
+        ids = br.uvarints(size)
+        if ids and max(ids) >= n:
+            _fail("bad_index", f"state block names series {max(ids)} of {n}")
+        if len(set(ids)) != len(ids):
+            _fail("duplicate_sample", "a series twice in one state block")
+        st.blocks.append((t, ids))
+    br.done()
+    vr = columnar.Reader(parts[7], "VALUES")
+    for i in range(n):
+        kind = vr.take(1)[0]
+        if kind == KIND_NONE:
+            continue
+        m = columnar.unzigzag(vr.uvarint())
+        prev = columnar.unzigzag(vr.uvarint())
+        if not (v3._in_range(kind, m) and v3._in_range(kind, prev)):
+            _fail("malformed", f"state of series {i}: kind 0x{kind:02x} with {m}, {prev}")
+        st.kinds[i], st.ms[i], st.ds[i] = kind, m, m - prev
+    vr.done()
+    return st

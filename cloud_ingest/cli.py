@@ -16,6 +16,10 @@ COMMANDS: cli.Commands = {
         "cloud_ingest.fleet_cmd",
         "one line per edge node: online/offline, verdict, backlog, losses, samples written",
     ),
+    "backfill": (
+        "cloud_ingest.backfill_cmd",
+        "ask an edge relay to send a time range again at full resolution from its flight recorder",
+    ),
     "check-config": (
         "cloud_ingest.checkconfig",
         "validate a config file and print it with defaults filled in",

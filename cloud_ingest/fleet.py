@@ -93,6 +93,9 @@ STATUS_NUMBERS: Final = (
     "budget_bytes_per_s",
     "wire_bytes_per_s",
     "degrade_level",
+    "anomaly_events",
+    "anomaly_windows",
+    "anomaly_last_ms",
 )
 _LOST_PREFIX: Final = "lost_"
 _LOST_TOTAL: Final = "lost_samples"
@@ -196,6 +199,7 @@ class _Node:
     numbers: dict[str, float | None] = field(default_factory=dict)
     numbers_ts: float | None = None
     budget_state: str | None = None
+    anomaly_last: str | None = None
     lost_samples: float | None = None
     lost_reasons: dict[str, float] = field(default_factory=dict)
     loss_grew_at: float | None = None
@@ -250,6 +254,11 @@ class NodeView:
     refused: int
     last_dead_letter_at: float | None
     seq_gaps: int | None  # None when this process does not see every seq
+    # Anomaly detection (edge_relay.anomaly), as reported; None: the node runs none (or is older).
+    anomaly_events: float | None = None  # events (window onsets) since the relay started
+    anomaly_windows: float | None = None  # anomaly windows open now
+    anomaly_last_event: float | None = None  # Unix seconds of the last event
+    anomaly_last: str | None = None  # e.g. "gpu=dcgm:1 kind=thermal rule=temp_slope at_ms=..."
 
 
 def verdict_of(
@@ -348,6 +357,9 @@ class Fleet:
             budget_state = status.get("budget_state")
             if isinstance(budget_state, str):
                 n.budget_state = budget_state
+            anomaly_last = status.get("anomaly_last")
+            if isinstance(anomaly_last, str):
+                n.anomaly_last = anomaly_last
             self._observe_losses(n, status, now)
         self._forgotten(forgotten)
 
@@ -507,6 +519,7 @@ class Fleet:
             n.seqs.expire(now - GAP_HORIZON_SECONDS)
             gaps = max(0, n.seqs.pending(now - self.gap_grace) - int(rows or 0))
         oldest_ms = num.get("oldest_unsent_ms")
+        last_anomaly_ms = num.get("anomaly_last_ms")
         return NodeView(
             cluster=n.cluster,
             node=n.node,
@@ -539,6 +552,10 @@ class Fleet:
             refused=n.refused,
             last_dead_letter_at=n.last_dead_letter_at,
             seq_gaps=gaps,
+            anomaly_events=num.get("anomaly_events"),
+            anomaly_windows=num.get("anomaly_windows"),
+            anomaly_last_event=None if last_anomaly_ms is None else last_anomaly_ms / 1000,
+            anomaly_last=n.anomaly_last,
         )
 
     def _forgotten(self, keys: list[NodeKey]) -> None:

@@ -168,6 +168,18 @@ _NODE_GAUGES: dict[str, tuple[str, str]] = {
         "wire_bytes_per_s",
     ),
     "cloud_ingest_node_degrade_level": ("The node's degrade level, as reported.", "degrade_level"),
+    "cloud_ingest_node_anomaly_events": (
+        "Anomaly events (window onsets) the node's relay reported since it started.",
+        "anomaly_events",
+    ),
+    "cloud_ingest_node_anomaly_windows": (
+        "Anomaly windows open on the node, as reported.",
+        "anomaly_windows",
+    ),
+    "cloud_ingest_node_anomaly_last_event_timestamp_seconds": (
+        "Unix time of the node's last anomaly event, as reported.",
+        "anomaly_last_event",
+    ),
     "cloud_ingest_node_last_batch_timestamp_seconds": (
         "Unix time of the newest sample written for a node.",
         "last_batch_ts",

@@ -6,7 +6,8 @@ Stages in the order a sample passes them (one module each):
 ``window``'s batch windows) -> ``uplink``. ``Relay`` builds each part once, before the parts that need
 it, and hands it over: the spool and the ledger first, the flight recorder (a table of the spool), then
 retention and the sink, the budget (shaper, controller, and the pacer it shares with the uplink), the
-window, the status report, and last the uplink.
+window, the status report, the command inbox and the backfiller (``backfill``: backfill requests the
+uplink receives, answered from the recorder through the sink), and last the uplink.
 Data flows one way; no part calls back into ``Relay``.
 
 Scrapes run on a fixed grid of ``interval_seconds``; all targets of one tick are scraped in parallel
@@ -24,8 +25,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from edge_relay import anomaly as anomaly_mod
 from edge_relay import checkconfig
 from edge_relay import settings as settings_mod
+from edge_relay.backfill import Backfiller, CommandInbox
 from edge_relay.budget.model import PRESET_COUNTERS
 from edge_relay.budget.pacer import Pacer
 from edge_relay.budget.runtime import BudgetRuntime
@@ -33,6 +36,7 @@ from edge_relay.encode import BatchEncoder
 from edge_relay.held import HeldWindows
 from edge_relay.ledger import LossLedger, LossReason
 from edge_relay.parse import ParseDeadlineExceeded, ParseError, SampleLimitExceeded, SeriesCache, parse
+from edge_relay.pastparts import PastParts
 from edge_relay.recorder import FlightRecorder
 from edge_relay.retention import Policy, Retention
 from edge_relay.scrape import Fetched, Scraper
@@ -194,7 +198,22 @@ class Relay:
         )
         self.window.resume()
         controller = self.budget.controller if self.budget is not None else None
-        self.status = StatusReport(self.spool, self.ledger, controller)
+        # Anomaly windows' past part: the recorder's raw samples of the GPU, spooled through the sink.
+        self.past = PastParts(self.recorder, self.sink, s.interval_seconds)
+        if self.budget is not None and self.budget.anomaly is not None and not s.recorder_max_bytes:
+            log.warning("anomaly windows get no past part: the flight recorder is off (recorder.max_bytes 0)")
+        self.status = StatusReport(self.spool, self.ledger, controller, anomaly=self._anomaly_status)
+        # Backfill requests: the uplink puts them in the inbox, the loop answers them from the recorder
+        # through the sink (a quarter of an interval of work per cycle at most).
+        self.commands = CommandInbox(s.cluster, s.node, self.metrics)
+        self.backfill = Backfiller(
+            self.commands,
+            self.recorder,
+            self.sink,
+            self.encoder,
+            self.metrics,
+            step_seconds=s.interval_seconds / 4,
+        )
         self.uplink = Uplink(
             s.mqtt,
             cluster=s.cluster,
@@ -209,6 +228,7 @@ class Relay:
             metrics=self.metrics,
             status=self.status,
             pacer=self.pacer,
+            commands=self.commands,
         )
         self.stop_event = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(self.loops)), thread_name_prefix="scrape")
@@ -285,6 +305,9 @@ class Relay:
         self.ledger.flush()
         self._record_dropped(shaped)
         if self.budget is not None:
+            # On the raw scrapes, before the budget shapes them: a detection exempts the GPU's series
+            # from degradation already in this cycle's shaping.
+            self._on_anomalies(self.budget.detect(raw, int(time.time() * 1000)), raw)
             shaped = self.budget.shape(shaped, int(time.time() * 1000))
             # Only what the budget's classes dropped: its outputs copy the counts recorded above.
             for s in shaped:
@@ -295,6 +318,9 @@ class Relay:
         # After the backlog's rows, in a transaction of its own: the recorder takes what room is left,
         # and never raises (a recorder failure costs neither a batch nor the cycle).
         self.recorder.record(raw)
+        if self.budget is not None and self.past.pending:
+            self._spool_past(self.budget)
+        self.backfill.step()
         if self.budget is not None:
             now_ms = int(time.time() * 1000)
             held, since_ms = self.budget.held(now_ms)
@@ -314,6 +340,38 @@ class Relay:
         self.metrics.observe_spool(stats, time.time())
         self.uplink.kick()
         return spooled
+
+    def _on_anomalies(self, events: list[anomaly_mod.Event], raw: list[ShapedScrape]) -> None:
+        budget = self.budget
+        if not events or budget is None or budget.anomaly is None:
+            return
+        det = budget.anomaly
+        end_ms = max((x.timestamp_ms for x in raw if len(x)), default=int(time.time() * 1000))
+        for ev in events:
+            log.warning(
+                "anomaly: %s score=%.1f; %s",
+                ev.describe(),
+                ev.score,
+                f"full resolution from {det.cfg.pre_seconds:g}s before until {ev.window_end_ms}"
+                if ev.opened
+                else f"not widened: {det.cfg.max_windows} windows open",
+            )
+            if ev.opened and det.cfg.pre_seconds > 0:
+                self.past.start(ev, det.match(ev.gpu), det.cfg.pre_seconds, end_ms)
+
+    def _spool_past(self, budget: BudgetRuntime) -> None:
+        """This cycle's share of the anomaly windows' past parts; counted as demand, so the controller
+        degrades the other classes (the windowed series themselves never degrade)."""
+        share = budget.anomaly.cfg.reserved_share if budget.anomaly is not None else 0.2
+        samples, nbytes = self.past.step(budget.controller.rate, share)
+        if nbytes:
+            budget.produced(nbytes)
+            self.metrics.anomaly_window_samples.labels("past").inc(samples)
+
+    def _anomaly_status(self) -> dict[str, Any]:
+        if self.budget is None or self.budget.anomaly is None:
+            return {}
+        return anomaly_mod.status_fields(self.budget.anomaly, int(time.time() * 1000))
 
     def _watch_clock(self, now: float) -> None:
         """Say so when the wall clock went back (samples are stamped with it, so the receiver gets

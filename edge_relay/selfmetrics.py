@@ -239,6 +239,46 @@ class RelayMetrics:
             ["op"],
             registry=r,
         )
+        # Anomaly detection (edge_relay.anomaly), with a budget file's `anomaly` section only.
+        self.anomaly_score = Gauge(
+            "edge_relay_anomaly_score",
+            "The GPU's EWMA z-score over its signals this scrape (max over signals; dimensionless).",
+            ["gpu", "vendor"],
+            registry=r,
+        )
+        self.anomaly_events = Counter(
+            "edge_relay_anomaly_events_total",
+            "Anomaly events (onsets: a detection that opens a window, or would with fewer open), by GPU, "
+            "kind (thermal, power, memory, xid, ecc, remap, throttle, score) and the rule that fired.",
+            ["gpu", "kind", "rule"],
+            registry=r,
+        )
+        self.anomaly_window_active = Gauge(
+            "edge_relay_anomaly_window_active",
+            "1 while the GPU's series go at full resolution because of an anomaly window.",
+            ["gpu"],
+            registry=r,
+        )
+        self.anomaly_window_samples = Counter(
+            "edge_relay_anomaly_window_samples_total",
+            "Samples sent at full resolution for anomaly windows: past (from the flight recorder) and "
+            "live (exempt from the budget's degradation).",
+            ["part"],
+            registry=r,
+        )
+        # Commands from the ingester (edge_relay.backfill): backfill requests and what became of them.
+        self.commands = Counter(
+            "edge_relay_commands_total",
+            "Commands received on the node's cmd topic, by kind (backfill; unknown when undecodable) and "
+            "result (done, refused, busy, malformed, failed).",
+            ["kind", "result"],
+            registry=r,
+        )
+        self.backfill_samples = Counter(
+            "edge_relay_backfill_samples_total",
+            "Raw samples the flight recorder supplied to backfill requests, spooled as ordinary batches.",
+            registry=r,
+        )
 
     def observe_mqtt(self, connected: bool, now_s: float) -> None:
         """The broker connection is up or down; the since-gauges move only when that changes."""

@@ -7,6 +7,7 @@ loss ledger's totals travel with it, so the cloud can tell "offline, data safe" 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from edge_relay.budget.controller import Controller
@@ -15,10 +16,17 @@ from edge_relay.spool import Spool
 
 
 class StatusReport:
-    def __init__(self, spool: Spool, ledger: LossLedger, controller: Controller | None) -> None:
+    def __init__(
+        self,
+        spool: Spool,
+        ledger: LossLedger,
+        controller: Controller | None,
+        anomaly: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self._spool = spool
         self._ledger = ledger
         self._controller = controller
+        self._anomaly = anomaly  # anomaly_events, anomaly_windows, anomaly_last[_ms] (edge_relay.anomaly)
 
     def fields(self) -> dict[str, Any]:
         st = self._spool.stats()
@@ -42,4 +50,7 @@ class StatusReport:
             status[f"lost_{reason}"] = samples
         if self._controller is not None:
             status.update(self._controller.status())
+        if self._anomaly is not None:
+            # Flat scalars the status decoder takes as unknown fields (older ingesters ignore them).
+            status.update(self._anomaly())
         return status

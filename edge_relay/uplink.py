@@ -16,6 +16,11 @@ acked, refused, set aside) and reports through a ``StatusSource``; all three are
 Every publication goes through the ``edge_relay.budget.pacer.Pacer`` (given by the relay, shared with the
 budget controller; unlimited without a budget), which also meters the connection's bytes after every
 network-loop turn.
+
+Commands: with a ``CommandInbox`` (``edge_relay.backfill``), the uplink also subscribes (QoS 1, in the
+same persistent session) to the node's ``cmd`` topic, decodes each request strictly
+(``schemas.codec.command``) and hands it to the inbox, or refuses it with a reason; it publishes the
+inbox's results on ``cmd_result`` (QoS 1, not retained).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edge_relay.backfill import CommandInbox
 from edge_relay.budget.pacer import Pacer
 from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.retention import describe_row
@@ -42,6 +48,7 @@ from relay_common.backoff import Backoff
 from relay_common.mqtt_tls import tls_configure
 from schemas import codec, topics
 from schemas.codec import AckResult
+from schemas.codec.command import decode_request, peek_request_id
 
 log = logging.getLogger("edge_relay.uplink")
 
@@ -105,8 +112,10 @@ class Uplink:
         metrics: RelayMetrics,
         status: StatusSource,
         pacer: Pacer | None = None,
+        commands: CommandInbox | None = None,
     ) -> None:
         self.cfg = cfg
+        self.commands = commands
         self.cluster = cluster
         self.node = node
         self.queue = queue
@@ -117,6 +126,8 @@ class Uplink:
         self.batch_topic = topics.batch_topic(prefix, cluster, node)
         self.ack_topic = topics.ack_topic(prefix, cluster, node)
         self.status_topic = topics.status_topic(prefix, cluster, node)
+        self.cmd_topic = topics.cmd_topic(prefix, cluster, node)
+        self.cmd_result_topic = topics.cmd_result_topic(prefix, cluster, node)
         self.backoff = Backoff(cfg.reconnect_min_seconds, cfg.reconnect_max_seconds)
         self._use_v5 = cfg.protocol != "v311"
         self._client: mqtt.Client | None = None
@@ -293,6 +304,8 @@ class Uplink:
             # The broker lost our session: publications it had not delivered are gone, republish now.
             self.inflight.clear()
         client.subscribe(self.ack_topic, qos=1)
+        if self.commands is not None:
+            client.subscribe(self.cmd_topic, qos=1)
         client.publish(self.status_topic, self._status_payload("online"), qos=1, retain=True)
         self._next_status = time.monotonic() + self.cfg.status_interval_seconds
         self._wake.set()
@@ -312,6 +325,9 @@ class Uplink:
         self._mid_seq.pop(mid, None)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, message: mqtt.MQTTMessage) -> None:
+        if message.topic == self.cmd_topic and self.commands is not None:
+            self._on_command(bytes(message.payload))
+            return
         if message.topic != self.ack_topic:
             return
         try:
@@ -357,6 +373,29 @@ class Uplink:
                 )
         self._publish_inflight()
         self._wake.set()
+
+    def _on_command(self, payload: bytes) -> None:
+        assert self.commands is not None
+        if not payload:
+            return  # an empty retained message clearing the topic: nothing was asked
+        try:
+            req = decode_request(payload)
+        except codec.DecodeError as e:
+            log.error("refusing a malformed command on %s: %s", self.cmd_topic, e)
+            self.commands.refuse(peek_request_id(payload), f"{e.reason}: {e.message}"[:200])
+        else:
+            self.commands.submit(req)
+        self._wake.set()
+
+    def _publish_results(self, client: mqtt.Client) -> None:
+        if self.commands is None:
+            return
+        results = self.commands.outgoing()
+        for i, payload in enumerate(results):
+            if client.publish(self.cmd_result_topic, payload, qos=1).rc != mqtt.MQTT_ERR_SUCCESS:
+                self.commands.requeue(results[i:])  # sent after the next connect
+                return
+            self.pacer.charge_publish(len(payload))
 
     def _publish_inflight(self) -> None:
         self.metrics.inflight.set(len(self.inflight))
@@ -448,6 +487,7 @@ class Uplink:
             if self._wake.is_set() or now - self._last_pump >= _PUMP_EVERY_S:
                 self._wake.clear()
                 self._last_pump = now
+                self._publish_results(client)
                 self._pump(client)
             if now >= self._next_status:
                 self._next_status = now + self.cfg.status_interval_seconds

@@ -1,9 +1,10 @@
 """MQTT topic layout shared by the edge relay and the cloud ingester.
 
-Topics are ``<prefix>/v1/<cluster>/<node>/{batch,ack,status}``.  The node name is a whole topic
-level so a broker ACL can pin each node to its own topics.  Nothing we publish or subscribe to may
-overlap KubeEdge EdgeCore's own MQTT traffic (``$hw/...``, ``$ke/...``, ``+/user/#``, ...): names
-and prefixes that could make that happen are refused here, in one place.
+Topics are ``<prefix>/v1/<cluster>/<node>/{batch,ack,status,cmd,cmd_result}`` (``cmd``: commands
+from the ingester's identity to one node, ``cmd_result``: the node's answers; ``schemas.codec.command``).
+The node name is a whole topic level so a broker ACL can pin each node to its own topics.  Nothing we
+publish or subscribe to may overlap KubeEdge EdgeCore's own MQTT traffic (``$hw/...``, ``$ke/...``,
+``+/user/#``, ...): names and prefixes that could make that happen are refused here, in one place.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from typing import Final, Literal, NamedTuple
 
 DEFAULT_PREFIX: Final = "edgemetrics"
 TOPIC_VERSION: Final = "v1"
-KINDS: Final = ("batch", "ack", "status")
-Kind = Literal["batch", "ack", "status"]
+KINDS: Final = ("batch", "ack", "status", "cmd", "cmd_result")
+Kind = Literal["batch", "ack", "status", "cmd", "cmd_result"]
 
 MAX_NAME_BYTES: Final = 128
 MAX_PREFIX_BYTES: Final = 128
@@ -157,6 +158,16 @@ def ack_topic(prefix: str, cluster: str, node: str) -> str:
 
 def status_topic(prefix: str, cluster: str, node: str) -> str:
     return _topic(prefix, cluster, node, "status")
+
+
+def cmd_topic(prefix: str, cluster: str, node: str) -> str:
+    """Commands for one node (backfill requests), QoS 1, never retained: only the ingester may publish."""
+    return _topic(prefix, cluster, node, "cmd")
+
+
+def cmd_result_topic(prefix: str, cluster: str, node: str) -> str:
+    """The node's answers to its commands, QoS 1, not retained."""
+    return _topic(prefix, cluster, node, "cmd_result")
 
 
 def batch_subscription(prefix: str, share_group: str | None = None) -> str:

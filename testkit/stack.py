@@ -16,13 +16,17 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from testkit.services import free_port
+
+if TYPE_CHECKING:
+    from simulator.incidents import Incident
 
 EXPORTERS = ("kepler", "kepler-0.7", "dcgm", "node")
 
@@ -177,6 +181,8 @@ class SimulatorProcess:
         churn_ticks: int = 30,
         series: int | None = None,
         vendor: str = "nvidia",
+        incidents: Sequence[Incident] = (),
+        dcgm_health_fields: bool = False,
     ) -> None:
         from simulator import Simulator
         from simulator.server import PORT_OPTIONS, vendor_exporters
@@ -189,6 +195,8 @@ class SimulatorProcess:
             churn_ticks=churn_ticks,
             exporters=exporters,
             kepler_gpu=vendor == "nvidia",
+            incidents=incidents,
+            dcgm_health_fields=dcgm_health_fields,
         )
         self.served_log = workdir / "served.jsonl"
         self.argv = [sys.executable, "-m", "edge_relay.cli", "simulate", "--seed", str(seed)]
@@ -199,6 +207,13 @@ class SimulatorProcess:
                 self.argv += [f"--{option}-port", "0"]
         if series:
             self.argv += ["--series", str(series)]
+        for inc in incidents:  # the same incidents in the process and in the oracle's twin
+            self.argv += [
+                "--incident",
+                f"{inc.kind}:gpu={inc.gpu}:at={inc.start_tick}:for={inc.duration_ticks}",
+            ]
+        if dcgm_health_fields:
+            self.argv.append("--dcgm-health-fields")
         self.log_path = workdir / "simulator.log"
         self.proc: subprocess.Popen[str] | None = None
         self.urls: dict[str, str] = {}

@@ -213,7 +213,11 @@ def test_window_end_may_be_midnight(tmp_path: Path) -> None:
 # Every error names the file, the key path and what was expected.
 
 ERRORS: list[tuple[str, str, list[str]]] = [
-    ("unknown top-level key", MINIMAL + "clases: []\n", ["unknown key `clases`", "expected one of: classes"]),
+    (
+        "unknown top-level key",
+        MINIMAL + "clases: []\n",
+        ["unknown key `clases`", "expected one of: anomaly, classes"],
+    ),
     (
         "unknown uplink key",
         "version: 1\nuplink: {sustained_bytes_per_second: 1, burst: 5}\n",

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -436,6 +438,40 @@ def test_acl_pins_each_node_to_its_own_topics(
     assert {t for t, _ in a.messages} == {topic(NODE_A, "ack")}, a.messages
 
 
+def test_only_the_ingester_identity_may_publish_commands(
+    cloud_broker: CloudBroker, pki: Pki, probes: list[Probe]
+) -> None:
+    """Backfill commands: a node reads its own cmd topic and answers on its own cmd_result topic, but
+    cannot publish a command, neither to itself nor to another node; the ingester can, and reads results."""
+    ingest = cloud_broker.ingester("cloud-ingest-cmd")
+    a = connect(cloud_broker.port, "a", ca=pki.ca, cert=pki.cert(NODE_A), key=pki.key(NODE_A))
+    b = connect(cloud_broker.port, "b", ca=pki.ca, cert=pki.cert(NODE_B), key=pki.key(NODE_B))
+    fake = connect(
+        cloud_broker.port, "x", ca=pki.ca, cert=pki.cert(INGEST_IDENTITY), key=pki.key(INGEST_IDENTITY)
+    )
+    probes += [ingest, a, b, fake]
+    assert all(p.connected.is_set() for p in (ingest, a, b, fake))
+    a.subscribe(topic(NODE_A, "cmd"))
+    a.subscribe(f"{PREFIX}/v1/+/+/cmd_result")
+    b.subscribe(topic(NODE_B, "cmd"))
+    ingest.subscribe(f"{PREFIX}/v1/+/+/cmd_result")
+    assert a.publish(topic(NODE_A, "cmd"), b"self-command") == NOT_AUTHORIZED
+    assert a.publish(topic(NODE_B, "cmd"), b"cross-command") == NOT_AUTHORIZED
+    assert fake.publish(topic(NODE_B, "cmd"), b"fake-ingester-command") == NOT_AUTHORIZED
+    assert b.publish(topic(NODE_A, "cmd_result"), b"spoofed-result") == NOT_AUTHORIZED
+    assert ingest.publish(topic(NODE_A, "cmd"), b"command-for-a") == 0
+    assert ingest.publish(topic(NODE_A, "cmd_result"), b"ingester-result") == NOT_AUTHORIZED
+    assert a.publish(topic(NODE_A, "cmd_result"), b"a-result") == 0
+    wait_until(lambda: a.received(topic(NODE_A, "cmd")), message="the ingester's command at A")
+    wait_until(lambda: ingest.received(topic(NODE_A, "cmd_result")), message="A's result at the ingester")
+    time.sleep(0.3)
+    assert a.received(topic(NODE_A, "cmd")) == [b"command-for-a"]
+    assert b.received(topic(NODE_B, "cmd")) == []
+    assert ingest.received(topic(NODE_A, "cmd_result")) == [b"a-result"]
+    # A's wildcard on every result topic delivers nothing (not even its own: it may only write there).
+    assert a.received(topic(NODE_A, "cmd_result")) == []
+
+
 def test_no_client_can_take_over_another_clients_session(
     cloud_broker: CloudBroker, pki: Pki, probes: list[Probe]
 ) -> None:
@@ -601,10 +637,26 @@ def _assert_delivered(prom: Prometheus, relay: Program, relay_cfg: Path, ingest:
     assert dcgm, "dcgm-exporter samples did not arrive"
 
 
+def _assert_backfill(ingest_cfg: Path, relay: Program) -> None:
+    """``cloud-ingest backfill`` with the ingester's identity reaches the relay and gets its answer."""
+    now = time.time()
+    proc = subprocess.run(
+        [sys.executable, "-m", "cloud_ingest.cli", "backfill", "--config", str(ingest_cfg),
+         "--cluster", CLUSTER, "--node", NODE_A, "--from", f"{now - 30:.3f}", "--to", f"{now:.3f}",
+         "--match", '{__name__="up"}', "--wait", "20", "--json"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr + relay.log_tail()
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["result"] == "done" and result.get("samples", 0) > 0 and result["node"] == NODE_A, (
+        json.dumps(result)
+    )
+
+
 def test_relay_and_ingester_work_over_mtls(
     tmp_path: Path, make_service: ServiceFactory, pki: Pki, cloud_broker: CloudBroker
 ) -> None:
-    prom, sim, relay, relay_cfg, ingest, _ = _run_pipeline(
+    prom, sim, relay, relay_cfg, ingest, ingest_cfg = _run_pipeline(
         tmp_path,
         make_service,
         pki,
@@ -613,6 +665,7 @@ def test_relay_and_ingester_work_over_mtls(
     )
     try:
         _assert_delivered(prom, relay, relay_cfg, ingest)
+        _assert_backfill(ingest_cfg, relay)
     finally:
         sim.stop()
         assert relay.stop() == 0, relay.log_tail()
@@ -635,6 +688,8 @@ def test_relay_over_the_edge_bridge(
             timeout=20,
             message="the node's status at the ingester",
         )
+        # Commands cross the bridge in, and their results out.
+        _assert_backfill(ingest_cfg, relay)
     finally:
         sim.stop()
         assert relay.stop() == 0, relay.log_tail()

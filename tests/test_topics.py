@@ -14,6 +14,8 @@ from schemas.topics import (
     ack_topic,
     batch_subscription,
     batch_topic,
+    cmd_result_topic,
+    cmd_topic,
     collides_with_kubeedge,
     mqtt_topic_matches,
     parse_topic,
@@ -34,6 +36,13 @@ def test_builders() -> None:
     assert batch_subscription(DEFAULT_PREFIX, None) == "edgemetrics/v1/+/+/batch"
     assert batch_subscription(DEFAULT_PREFIX) == "edgemetrics/v1/+/+/batch"
     assert status_subscription(DEFAULT_PREFIX) == "edgemetrics/v1/+/+/status"
+    assert cmd_topic(DEFAULT_PREFIX, "lab", "edge-01") == "edgemetrics/v1/lab/edge-01/cmd"
+    assert cmd_result_topic(DEFAULT_PREFIX, "lab", "edge-01") == "edgemetrics/v1/lab/edge-01/cmd_result"
+    for bad in ("a/b", "+", "#", "$x", ""):
+        with pytest.raises(ValueError):
+            cmd_topic(DEFAULT_PREFIX, "lab", bad)
+        with pytest.raises(ValueError):
+            cmd_result_topic(DEFAULT_PREFIX, bad, "edge-01")
 
 
 def test_subscriptions_match_our_topics() -> None:
@@ -46,9 +55,15 @@ def test_subscriptions_match_our_topics() -> None:
         assert not mqtt_topic_matches(status_subscription(prefix), ack_topic(prefix, "lab", "edge-01"))
 
 
-@pytest.mark.parametrize("kind", ["batch", "ack", "status"])
+@pytest.mark.parametrize("kind", ["batch", "ack", "status", "cmd", "cmd_result"])
 def test_parse_round_trip(kind: str) -> None:
-    builder = {"batch": batch_topic, "ack": ack_topic, "status": status_topic}[kind]
+    builder = {
+        "batch": batch_topic,
+        "ack": ack_topic,
+        "status": status_topic,
+        "cmd": cmd_topic,
+        "cmd_result": cmd_result_topic,
+    }[kind]
     for prefix in (DEFAULT_PREFIX, "a/b/c"):
         parsed = parse_topic(prefix, builder(prefix, "prod-eu", "edge-ü"))
         assert parsed == ("prod-eu", "edge-ü", kind)
@@ -160,12 +175,12 @@ def test_invalid_prefixes(prefix: str) -> None:
 )
 def test_valid_prefixes(prefix: str) -> None:
     assert validate_name("prefix", prefix) == prefix
-    for kind in ("batch", "ack", "status"):
+    for kind in ("batch", "ack", "status", "cmd", "cmd_result"):
         assert not collides_with_kubeedge(f"{prefix}/v1/c/n/{kind}")
 
 
 def test_default_topics_do_not_collide() -> None:
-    for build in (batch_topic, ack_topic, status_topic):
+    for build in (batch_topic, ack_topic, status_topic, cmd_topic, cmd_result_topic):
         assert not collides_with_kubeedge(build(DEFAULT_PREFIX, "lab", "edge-01"))
 
 
@@ -317,7 +332,7 @@ def test_valid_names_never_collide_with_edgecore(levels_: list[str], cluster: st
         validate_name("prefix", prefix)
     except ValueError:
         return  # refused prefixes are covered below
-    for build in (batch_topic, ack_topic, status_topic):
+    for build in (batch_topic, ack_topic, status_topic, cmd_topic, cmd_result_topic):
         topic = build(prefix, cluster, node)
         assert not collides_with_kubeedge(topic), topic
         for filt in KUBEEDGE_EDGECORE_SUBSCRIPTIONS:

@@ -24,6 +24,8 @@ from functools import cache
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from edge_relay.anomaly import AnomalyConfig
+from edge_relay.anomaly import parse_config as parse_anomaly
 from relay_common import config as config_loader
 from relay_common.config import ConfigError
 from schemas.model import Labels, metric_name
@@ -167,6 +169,7 @@ class Budget:
     source: str  # the file it came from (for messages)
     uplink: UplinkBudget
     classes: tuple[ClassPolicy, ...]  # priority order, most important first; the last matches all
+    anomaly: AnomalyConfig | None = None  # the `anomaly` section; None: no detection (edge_relay.anomaly)
     _cache: dict[Labels, int] = field(default_factory=dict, compare=False, repr=False)
 
     def allowed_bytes_per_second(self, now: float, used_today_bytes: int = 0) -> int:
@@ -384,8 +387,12 @@ def parse(doc: dict[str, Any], source: str) -> Budget:
     """Validate a budget document (as YAML loads it) and build the typed Budget."""
     _check_unquoted_times(doc, source)
     raw = config_loader.validate(doc, SCHEMA, source)
+    presets = [c["preset"] for c in raw["classes"] if "preset" in c]
     return Budget(
-        source=source, uplink=_uplink(raw["uplink"], source), classes=_classes(raw["classes"], source)
+        source=source,
+        uplink=_uplink(raw["uplink"], source),
+        classes=_classes(raw["classes"], source),
+        anomaly=parse_anomaly(raw.get("anomaly"), presets, source),
     )
 
 

@@ -18,6 +18,7 @@ import logging
 import os
 import time
 
+from edge_relay.anomaly import Detector, Event
 from edge_relay.budget.controller import Controller
 from edge_relay.budget.model import PRESET_COUNTERS, ConfigError, load
 from edge_relay.budget.pacer import Pacer
@@ -61,6 +62,11 @@ class BudgetRuntime:
         self._shaped_seen: dict[tuple[str, str], int] = {}
         self._paced_seen = 0.0
         self._pacer = pacer
+        # Anomaly detection only with the file's `anomaly` section: without it the cycle is unchanged.
+        self.anomaly: Detector | None = None
+        self._set_anomaly()
+        self._override_seen = 0
+        self._windows_shown: set[str] = set()
 
     @property
     def counters(self) -> frozenset[str]:
@@ -109,8 +115,40 @@ class BudgetRuntime:
         self._fit_batches_to_burst()
         self.shaper.set_budget(budget)
         self.controller.set_budget(budget)
+        self._set_anomaly()
         self._metrics.budget_reloads.labels("ok").inc()
         log.info("budget file %s reloaded: %d class(es)", self.path, len(budget.classes))
+
+    def _set_anomaly(self) -> None:
+        cfg = self.budget.anomaly
+        if cfg is None:
+            self.anomaly = None
+            self.shaper.override = frozenset()
+        elif self.anomaly is None:
+            self.anomaly = Detector(cfg, self._interval_s)
+        else:
+            self.anomaly.set_config(cfg)  # the GPUs' baselines and open windows stay
+
+    def detect(self, raw: list[ShapedScrape], now_ms: int) -> list[Event]:
+        """The cycle's raw scrapes through the detectors (before ``shape``): new events, and the series
+        the open windows hold at full resolution handed to the shaper."""
+        det = self.anomaly
+        if det is None:
+            return []
+        events = det.observe(raw, now_ms)
+        self.shaper.override = det.override
+        m = self._metrics
+        if det.cfg.score != "none":
+            for key, g in det.gpus.items():
+                vendor, _, gpu = key.partition(":")
+                m.anomaly_score.labels(gpu, vendor).set(g.score)
+        for ev in events:
+            m.anomaly_events.labels(ev.gpu.partition(":")[2], ev.kind, ev.rule).inc()
+        active = set(det.active_windows(now_ms))
+        for key in active | self._windows_shown:
+            m.anomaly_window_active.labels(key.partition(":")[2]).set(1 if key in active else 0)
+        self._windows_shown = active
+        return events
 
     def shape(self, shaped: list[ShapedScrape], now_ms: int) -> list[ShapedScrape]:
         """A cycle's scrapes through the budget's classes, plus what aggregation windows closed."""
@@ -120,6 +158,10 @@ class BudgetRuntime:
         if closed is not None:
             out.append(closed)
         self._count_shaping()
+        live = self.shaper.override_samples - self._override_seen
+        if live > 0:
+            self._metrics.anomaly_window_samples.labels("live").inc(live)
+            self._override_seen = self.shaper.override_samples
         return out
 
     def held(self, now_ms: int) -> tuple[int, int]:

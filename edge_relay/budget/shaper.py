@@ -219,6 +219,10 @@ class BudgetShaper:
         self._call = 0
         self._swept = 0
         self._all_fast = True
+        # Series an anomaly window holds at full resolution (``edge_relay.anomaly``): exact label sets,
+        # so every other series pays one test of an (almost always empty) set, on the stateful path only.
+        self.override: frozenset[Labels] = frozenset()
+        self.override_samples = 0  # sent at full resolution because of the override
         self.set_budget(budget)
 
     # --- configuration ----------------------------------------------------------------------------
@@ -302,6 +306,7 @@ class BudgetShaper:
         labels_out, values_out, values_in = out.labels, out.values, scrape.values
         stamps = em.stamps
         feed = self._feed
+        override = self.override
         for i, labels in enumerate(scrape.labels):
             cls = classify(labels)
             slot = slots[cls]
@@ -319,7 +324,10 @@ class BudgetShaper:
                     stamps.append(ts)
                 counts[cls] += 1
                 continue
-            feed(em, labels, cls, slot, ts, values_in[i])
+            if override and labels in override:
+                self._exempt(em, labels, slot, ts, values_in[i])
+            else:
+                feed(em, labels, cls, slot, ts, values_in[i])
             stamps = em.stamps
         blocked.clear()
         self._count_passed(counts)
@@ -467,6 +475,26 @@ class BudgetShaper:
             self._ends[end] = [st]
         else:
             bucket.append(st)
+
+    def _exempt(self, em: _Out, labels: Labels, slot: _Class, ts: int, value: float) -> None:
+        """A series under an anomaly window: its open window closes (its aggregate is a real sample at
+        its own timestamp) and the raw sample goes out as scraped: no rounding, no suppression, so the
+        recorder's past part and the live part agree bit for bit. Its state is forgotten: when the
+        window ends it is shaped as a new series (a counter's first value goes out again)."""
+        st = self._states.get(labels)
+        if st is not None:
+            if ts <= st.last_ts:
+                em.repeated += 1  # as in _feed: the receiver would refuse it
+                return
+            if st.end:
+                self._close(em, st)
+        slot.stats.samples_in += 1
+        slot.stats.samples_out += 1
+        self.override_samples += 1
+        # With a state, _put carries the sample to the next output when the aggregate took this one.
+        self._put(em, st, labels, ts, value)
+        if st is not None:
+            self._drop(st)
 
     def _join(self, em: _Out, st: _Series, ts: int, value: float) -> None:
         slot = st.wslot

@@ -17,6 +17,8 @@ in this list:
   ``with_seq``, the decoders' dispatch on the version byte, and the JSON view of a batch.
 - ``stream``: the v3 encoder/decoder state (``StreamEncoder``, ``StreamDecoder``) and state messages.
 - ``control``: ack (cloud -> edge) and status (edge -> cloud) messages, versioned JSON.
+- ``command``: backfill requests (cloud -> edge, ``cmd`` topic) and their results (``cmd_result``),
+  versioned JSON on their own; imports ``control``'s JSON helpers.
 
 Encode: ``validate_batch`` -> the version's ``encode_body`` -> envelope header around the body.
 Decode: envelope (size, magic, version byte, header) -> the version's ``decode_body`` -> ``Batch``.
@@ -30,6 +32,16 @@ is type-checked, and any bad input raises :class:`DecodeError` (never another ex
 
 from __future__ import annotations
 
+from schemas.codec.command import (
+    COMMAND_VERSION,
+    BackfillRequest,
+    CommandResult,
+    MissingRange,
+    decode_request,
+    decode_result,
+    encode_request,
+    encode_result,
+)
 from schemas.codec.compression import DEFAULT_ZSTD_LEVEL
 from schemas.codec.control import (
     ACK_VERSION,
@@ -86,6 +98,7 @@ __all__ = [
     "CODEC_V1",
     "CODEC_V2",
     "CODEC_V3",
+    "COMMAND_VERSION",
     "CURRENT_FORMAT_VERSION",
     "DEFAULT_LIMITS",
     "DEFAULT_ZSTD_LEVEL",
@@ -104,10 +117,13 @@ __all__ = [
     "Ack",
     "AckResult",
     "AckResultKind",
+    "BackfillRequest",
+    "CommandResult",
     "DecodeError",
     "EncodeError",
     "Header",
     "Limits",
+    "MissingRange",
     "SeriesChecker",
     "StatusState",
     "StreamDecoder",
@@ -117,10 +133,14 @@ __all__ = [
     "decode_ack",
     "decode_batch",
     "decode_batch_with_header",
+    "decode_request",
+    "decode_result",
     "decode_state",
     "decode_status",
     "encode_ack",
     "encode_batch",
+    "encode_request",
+    "encode_result",
     "encode_status",
     "float_repr",
     "frame_base",

@@ -1,0 +1,464 @@
+"""Backfill on request: the raw samples of a time range, from the flight recorder, sent again.
+
+The ingester's identity publishes a ``BackfillRequest`` on the node's ``cmd`` topic
+(``cloud-ingest backfill``); the uplink decodes it and hands it to the ``CommandInbox`` (built by the
+relay before the uplink and the ``Backfiller``, so neither reaches back into ``Relay``); the relay's loop
+calls ``Backfiller.step`` once a cycle. The answer comes from ``FlightRecorder.read`` at full resolution:
+the matching samples of the range become ordinary batches appended to the spool through ``SpoolSink``,
+so they are durable, paced by the budget's pacer, retried and acked like an outage backlog (and sent
+before it: the send queue goes oldest data first). Prometheus takes them only within its out-of-order
+window (``storage.tsdb.out_of_order_time_window``), as for a backlog; samples it already holds are
+rewritten with identical values. Once the range is spooled, the result (what was supplied, and the
+recorder's ``missing`` gaps) goes back on ``cmd_result``.
+
+The work is bounded: one request at a time per relay (a second one while one runs is refused with the
+reason ``busy``: the operator sees it at once instead of waiting behind an unknown queue), at most
+``MAX_SAMPLES`` samples per request (the rest of the range is reported missing as ``sample_cap``), and
+at most a quarter of the scrape interval of work per cycle, so a day-long range never delays a scrape.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Final
+
+from edge_relay.encode import WIDEST_SEQ, BatchEncoder
+from edge_relay.recorder import FlightRecorder, Readout
+from edge_relay.relabel import LABEL_NAME, RelabelError, compile_regex
+from schemas.codec.command import (
+    MAX_SELECTOR_CHARS,
+    BackfillRequest,
+    CommandResult,
+    MissingRange,
+    encode_result,
+)
+from schemas.model import Batch, Labels, ScrapeBlock
+
+if TYPE_CHECKING:
+    from edge_relay.selfmetrics import RelayMetrics
+    from edge_relay.sink import SpoolSink
+
+log = logging.getLogger("edge_relay.backfill")
+
+MAX_SAMPLES: Final = 2_000_000  # per request: ~2 h of 2,000 series at 5 s, ~3 MB on the wire in v2
+MAX_MATCHERS: Final = 32
+EXPIRES_MS: Final = 600_000  # a request older than this (queued for an offline node) is refused
+_MAX_RESULTS: Final = 16  # results waiting for a connection; older ones are dropped
+
+# --- the series selector ---------------------------------------------------------------------------
+
+_OPS: Final = ("=~", "!~", "!=", "=")
+_ESCAPES: Final = {"\\": "\\", '"': '"', "'": "'", "n": "\n", "t": "\t", "r": "\r"}
+_HEX: Final = {"x": 2, "u": 4, "U": 8}
+
+
+class SelectorError(ValueError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    name: str
+    op: str
+    value: str
+    regex: re.Pattern[str] | None = None
+
+    def matches(self, value: str) -> bool:
+        if self.regex is not None:
+            hit = self.regex.fullmatch(value) is not None
+            return hit if self.op == "=~" else not hit
+        return (value == self.value) == (self.op == "=")
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    text: str
+    matchers: tuple[Matcher, ...]
+
+    def __call__(self, labels: Labels) -> bool:
+        got = dict(labels)
+        # An absent label is the empty string, as in PromQL.
+        return all(m.matches(got.get(m.name, "")) for m in self.matchers)
+
+
+def parse_selector(text: str) -> Selector:
+    """A PromQL series selector: ``name``, ``{matchers}`` or ``name{matchers}``, matchers ``l="v"``,
+    ``l!="v"``, ``l=~"re"``, ``l!~"re"`` (RE2 regexes, anchored, as Prometheus reads them; values in
+    double or single quotes with Go escapes). Refused: anything else, more than ``MAX_MATCHERS``
+    matchers, and a selector every series matches (PromQL's "at least one non-empty matcher")."""
+    if not isinstance(text, str) or len(text) > MAX_SELECTOR_CHARS:
+        raise SelectorError(f"a selector is a string of at most {MAX_SELECTOR_CHARS} characters")
+    p = _Parser(text)
+    matchers: list[Matcher] = []
+    p.space()
+    if p.peek() != "{":
+        name = p.name()
+        if not re.fullmatch(r"[a-zA-Z_:][a-zA-Z0-9_:]*", name):
+            raise p.fail(f"{name!r} is not a metric name")
+        matchers.append(Matcher("__name__", "=", name))
+        p.space()
+    if p.peek() == "{":
+        p.i += 1
+        while True:
+            p.space()
+            if p.peek() == "}":
+                break
+            label = p.name()
+            if not LABEL_NAME.fullmatch(label):
+                raise p.fail(f"{label!r} is not a label name")
+            p.space()
+            op = next((o for o in _OPS if text.startswith(o, p.i)), None)
+            if op is None:
+                raise p.fail("expected one of = != =~ !~")
+            p.i += len(op)
+            p.space()
+            value = p.string()
+            regex = None
+            if op in ("=~", "!~"):
+                try:
+                    regex = compile_regex(value)
+                except RelabelError as e:
+                    raise p.fail(f"label {label}: {e.why}") from None
+            matchers.append(Matcher(label, op, value, regex))
+            if len(matchers) > MAX_MATCHERS:
+                raise p.fail(f"more than {MAX_MATCHERS} matchers")
+            p.space()
+            if p.peek() == ",":
+                p.i += 1
+                continue
+            if p.peek() != "}":
+                raise p.fail("expected , or }")
+            break
+        p.i += 1
+        p.space()
+    if p.i != len(text):
+        raise p.fail("unexpected text after the selector")
+    if not any(not m.matches("") for m in matchers):
+        raise SelectorError(f"{text!r}: a selector needs at least one matcher that does not match empty")
+    return Selector(text, tuple(matchers))
+
+
+class _Parser:
+    def __init__(self, text: str) -> None:
+        self.text, self.i = text, 0
+
+    def fail(self, why: str) -> SelectorError:
+        return SelectorError(f"selector {self.text[:80]!r} at {self.i}: {why}")
+
+    def peek(self) -> str:
+        return self.text[self.i] if self.i < len(self.text) else ""
+
+    def space(self) -> None:
+        while self.peek() in (" ", "\t", "\n") and self.peek():
+            self.i += 1
+
+    def name(self) -> str:
+        start = self.i
+        while self.peek() and (self.peek().isascii() and (self.peek().isalnum() or self.peek() in "_:")):
+            self.i += 1
+        if start == self.i:
+            raise self.fail("expected a name")
+        return self.text[start : self.i]
+
+    def string(self) -> str:
+        quote = self.peek()
+        if quote not in ('"', "'"):
+            raise self.fail("expected a quoted value")
+        self.i += 1
+        out: list[str] = []
+        while True:
+            c = self.peek()
+            if not c or c == "\n":
+                raise self.fail("unterminated string")
+            self.i += 1
+            if c == quote:
+                return "".join(out)
+            if c != "\\":
+                out.append(c)
+                continue
+            e = self.peek()
+            self.i += 1
+            if e in _ESCAPES:
+                out.append(_ESCAPES[e])
+            elif e in _HEX:
+                digits = self.text[self.i : self.i + _HEX[e]]
+                if len(digits) != _HEX[e] or not all(d in "0123456789abcdefABCDEF" for d in digits):
+                    raise self.fail(f"bad \\{e} escape")
+                code = int(digits, 16)
+                if code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+                    raise self.fail(f"\\{e}{digits} is not a character")
+                out.append(chr(code))
+                self.i += _HEX[e]
+            else:
+                raise self.fail(f"unknown escape \\{e}")
+
+
+# --- the inbox between the uplink and the backfiller ----------------------------------------------
+
+
+class CommandInbox:
+    """Requests from the uplink thread to the relay's loop, and results back: one request at a time."""
+
+    def __init__(self, cluster: str, node: str, metrics: RelayMetrics) -> None:
+        self.cluster, self.node = cluster, node
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        self._pending: BackfillRequest | None = None
+        self._busy: str | None = None  # id of the request taken or pending
+        self._finished: str | None = None  # id of the last request answered
+        self._results: deque[bytes] = deque(maxlen=_MAX_RESULTS)
+
+    def submit(self, req: BackfillRequest) -> None:
+        """A decoded request; refused at once (``busy``) while another one is waiting or running."""
+        with self._lock:
+            if req.id == self._finished:
+                return  # QoS 1 delivered it again after it was answered: not done twice
+            if self._busy is None:
+                self._pending, self._busy = req, req.id
+                return
+            running = self._busy
+        if running == req.id:
+            return  # QoS 1 delivered it twice: the one running answers
+        self.answer(self.refusal(req.id, f"busy: request {running} is still running", req), "busy", req.kind)
+
+    def refuse(
+        self, req_id: str | None, reason: str, result: str = "malformed", kind: str = "unknown"
+    ) -> None:
+        self.answer(self.refusal(req_id, reason), result, kind)
+
+    def refusal(self, req_id: str | None, reason: str, req: BackfillRequest | None = None) -> CommandResult:
+        return CommandResult(
+            req_id,
+            self.cluster,
+            self.node,
+            "refused",
+            int(time.time() * 1000),
+            reason=reason,
+            from_ms=req.from_ms if req is not None else 0,
+            to_ms=req.to_ms if req is not None else 0,
+        )
+
+    def take(self) -> BackfillRequest | None:
+        with self._lock:
+            req, self._pending = self._pending, None
+            return req
+
+    def answer(
+        self, res: CommandResult, result: str, kind: str = "backfill", *, finished: bool = False
+    ) -> None:
+        """Queue ``res`` for the uplink and count it; ``finished``: it ends the request taken (the slot is
+        free again). Only the backfiller finishes requests: a refusal by the uplink that happens to carry
+        the running id must not free the slot under it."""
+        self._metrics.commands.labels(kind, result).inc()
+        log.log(
+            logging.INFO if res.result == "done" else logging.WARNING,
+            "command %s: %s%s",
+            res.id,
+            res.result,
+            f" ({res.reason})" if res.reason else f" ({res.samples} samples, {res.batches} batches)",
+        )
+        with self._lock:
+            self._results.append(encode_result(res))
+            if finished:
+                self._busy, self._finished = None, res.id
+
+    def outgoing(self) -> list[bytes]:
+        """The results to publish now (the uplink calls this when connected)."""
+        with self._lock:
+            out = list(self._results)
+            self._results.clear()
+            return out
+
+    def requeue(self, payloads: Sequence[bytes]) -> None:
+        with self._lock:
+            self._results.extendleft(reversed(payloads))
+
+
+# --- the backfiller -------------------------------------------------------------------------------
+
+
+@dataclass
+class _Job:
+    req: BackfillRequest
+    readout: Readout
+    missing: list[MissingRange]
+    samples: int = 0
+    batches: int = 0
+    series: set[Labels] | None = None
+    first_ms: int | None = None
+    last_ms: int | None = None
+    done: bool = False
+
+
+class Backfiller:
+    def __init__(
+        self,
+        inbox: CommandInbox,
+        recorder: FlightRecorder,
+        sink: SpoolSink,
+        encoder: BatchEncoder,
+        metrics: RelayMetrics,
+        *,
+        step_seconds: float,
+        max_samples: int = MAX_SAMPLES,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+    ) -> None:
+        self._inbox = inbox
+        self._recorder = recorder
+        self._sink = sink
+        self._encoder = encoder
+        self._metrics = metrics
+        self.step_seconds = step_seconds
+        self.max_samples = max_samples
+        self._clock_ms = clock_ms
+        self._job: _Job | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self._job is not None
+
+    def step(self) -> int:
+        """Some work on the request in hand (or the next one): returns the samples spooled now."""
+        if self._job is None:
+            req = self._inbox.take()
+            if req is None:
+                return 0
+            self._job = self._start(req)
+            if self._job is None:
+                return 0
+        job = self._job
+        deadline = time.monotonic() + self.step_seconds
+        spooled = 0
+        try:
+            while not job.done and (spooled == 0 or time.monotonic() < deadline):
+                batch = next(job.readout, None)
+                if batch is None:
+                    job.done = True
+                    break
+                spooled += self._spool(job, batch)
+        except Exception as e:  # a recorder or spool fault ends this request, never the cycle
+            log.exception("backfill %s failed", job.req.id)
+            self._job = None
+            self._inbox.answer(
+                replace(
+                    self._inbox.refusal(job.req.id, f"{type(e).__name__}: {e}"[:200], job.req),
+                    result="failed",
+                ),
+                "failed",
+                finished=True,
+            )
+            return spooled
+        if job.done:
+            self._job = None
+            self._inbox.answer(self._result(job), "done", finished=True)
+        return spooled
+
+    def _start(self, req: BackfillRequest) -> _Job | None:
+        now = self._clock_ms()
+        why = None
+        if req.node != self._inbox.node or req.cluster != self._inbox.cluster:
+            why = f"this is {self._inbox.cluster}/{self._inbox.node}, not {req.cluster}/{req.node}"
+        elif now - req.ts_ms > EXPIRES_MS:
+            why = f"expired: issued {(now - req.ts_ms) / 1000:.0f}s ago (at most {EXPIRES_MS // 1000}s)"
+        match: Selector | None = None
+        if why is None and req.match is not None:
+            try:
+                match = parse_selector(req.match)
+            except SelectorError as e:
+                why = str(e)[:200]
+        if why is not None:
+            self._inbox.answer(self._inbox.refusal(req.id, why, req), "refused", finished=True)
+            return None
+        readout = self._recorder.read(req.from_ms, req.to_ms, match)
+        missing = [MissingRange(g.start_ms, g.end_ms, g.reason) for g in readout.missing]
+        log.info("backfill %s: %d..%d %s", req.id, req.from_ms, req.to_ms, req.match or "(all series)")
+        return _Job(req, readout, missing, series=set())
+
+    def _spool(self, job: _Job, batch: Batch) -> int:
+        if job.samples + batch.sample_count > self.max_samples:
+            # Cut at a block: the rest of the range is reported, never silently left out.
+            job.missing.append(MissingRange(batch.first_timestamp_ms, job.req.to_ms, "sample_cap"))
+            job.done = True
+            return 0
+        spooled = 0
+        for part in self._split(batch):
+            if self._sink.append(part) is None:
+                job.missing.append(MissingRange(part.first_timestamp_ms, job.req.to_ms, "spool_full"))
+                job.done = True
+                break
+            spooled += part.sample_count
+            job.batches += 1
+            assert job.series is not None
+            job.series.update(part.labelsets)
+            first, last = part.first_timestamp_ms, part.last_timestamp_ms
+            job.first_ms = first if job.first_ms is None else min(job.first_ms, first)
+            job.last_ms = last if job.last_ms is None else max(job.last_ms, last)
+        job.samples += spooled
+        self._metrics.backfill_samples.inc(spooled)
+        return spooled
+
+    def _split(self, batch: Batch) -> list[Batch]:
+        """``batch`` in parts that each encode to at most ``batch.max_bytes`` (a recorder block holds
+        ``recorder.block_seconds`` of cycles: larger than a wire batch may be)."""
+        if len(self._encoder.encode(batch, WIDEST_SEQ)) <= self._encoder.max_bytes:
+            return [batch]
+        blocks = batch.scrapes
+        if len(blocks) > 1:
+            mid = len(blocks) // 2
+            return self._split(_subset(batch, blocks[:mid])) + self._split(_subset(batch, blocks[mid:]))
+        block = blocks[0]
+        n = len(block.values)
+        if n <= 1:
+            raise ValueError(
+                f"a single sample encodes to more than batch.max_bytes={self._encoder.max_bytes}"
+            )
+        halves = [_slice(block, 0, n // 2), _slice(block, n // 2, n)]
+        return [p for h in halves for p in self._split(_subset(batch, [h]))]
+
+    def _result(self, job: _Job) -> CommandResult:
+        req = job.req
+        return CommandResult(
+            req.id,
+            self._inbox.cluster,
+            self._inbox.node,
+            "done",
+            self._clock_ms(),
+            from_ms=req.from_ms,
+            to_ms=req.to_ms,
+            samples=job.samples,
+            series=len(job.series or ()),
+            batches=job.batches,
+            first_ms=job.first_ms,
+            last_ms=job.last_ms,
+            missing=tuple(job.missing),
+        )
+
+
+def _slice(block: ScrapeBlock, lo: int, hi: int) -> ScrapeBlock:
+    stamps = None if block.timestamps is None else block.timestamps[lo:hi]
+    return ScrapeBlock(block.timestamp_ms, block.series[lo:hi], block.values[lo:hi], stamps)
+
+
+def _subset(batch: Batch, blocks: Sequence[ScrapeBlock]) -> Batch:
+    """The batch of only ``blocks``, with only the label sets they use."""
+    from array import array
+
+    remap: dict[int, int] = {}
+    labelsets: list[Labels] = []
+    out: list[ScrapeBlock] = []
+    for block in blocks:
+        ids = array("I")
+        for idx in block.series:
+            new = remap.get(idx)
+            if new is None:
+                new = remap[idx] = len(labelsets)
+                labelsets.append(batch.labelsets[idx])
+            ids.append(new)
+        out.append(ScrapeBlock(block.timestamp_ms, ids, block.values, block.timestamps))
+    return Batch(batch.cluster, batch.node, 0, labelsets, out)

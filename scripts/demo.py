@@ -18,6 +18,7 @@ from pathlib import Path
 
 import requests
 
+from simulator.incidents import parse_incident
 from testkit.services import Mosquitto, Prometheus, ServiceError
 from testkit.stack import SimulatorProcess, ingest_config, program, relay_config
 
@@ -51,7 +52,19 @@ def main() -> int:
     ap.add_argument(
         "--vendor", choices=tuple(GPU_QUERY), default="nvidia", help="simulated GPU node (default nvidia)"
     )
+    ap.add_argument(
+        "--incident",
+        action="append",
+        default=[],
+        metavar="KIND:gpu=N:at=TICK:for=TICKS",
+        help="inject a GPU incident (thermal, xid, powercap, memleak; repeatable), "
+        "e.g. thermal:gpu=1:at=24:for=12",
+    )
     args = ap.parse_args()
+    try:
+        incidents = [parse_incident(spec) for spec in args.incident]
+    except ValueError as e:
+        ap.error(str(e))
 
     workdir = Path(tempfile.mkdtemp(prefix="edge-relay-demo-"))
     stopping = False
@@ -65,7 +78,9 @@ def main() -> int:
 
     mosquitto = Mosquitto(workdir / "mosquitto", persistence=True).start()
     prom = Prometheus(workdir / "prometheus", ooo_window="2h").start()
-    sim = SimulatorProcess(workdir, interval=args.interval, series=args.series, vendor=args.vendor).start()
+    sim = SimulatorProcess(
+        workdir, interval=args.interval, series=args.series, vendor=args.vendor, incidents=incidents
+    ).start()
     urls = sim.urls
     relay_cfg = relay_config(
         workdir, urls=urls, mqtt_port=mosquitto.port, interval=args.interval, openmetrics=("kepler",)

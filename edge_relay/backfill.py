@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Final
 from edge_relay.encode import WIDEST_SEQ, BatchEncoder
 from edge_relay.recorder import FlightRecorder, Readout
 from edge_relay.relabel import LABEL_NAME, RelabelError, compile_regex
+from edge_relay.retention import subset_batch
 from schemas.codec.command import (
     MAX_SELECTOR_CHARS,
     BackfillRequest,
@@ -447,18 +448,4 @@ def _slice(block: ScrapeBlock, lo: int, hi: int) -> ScrapeBlock:
 
 def _subset(batch: Batch, blocks: Sequence[ScrapeBlock]) -> Batch:
     """The batch of only ``blocks``, with only the label sets they use."""
-    from array import array
-
-    remap: dict[int, int] = {}
-    labelsets: list[Labels] = []
-    out: list[ScrapeBlock] = []
-    for block in blocks:
-        ids = array("I")
-        for idx in block.series:
-            new = remap.get(idx)
-            if new is None:
-                new = remap[idx] = len(labelsets)
-                labelsets.append(batch.labelsets[idx])
-            ids.append(new)
-        out.append(ScrapeBlock(block.timestamp_ms, ids, block.values, block.timestamps))
-    return Batch(batch.cluster, batch.node, 0, labelsets, out)
+    return subset_batch(batch.cluster, batch.node, blocks, batch.labelsets)

@@ -223,7 +223,7 @@ class Retention:
         """Blocks as batches under batch.max_bytes (each batch carries only the label sets it uses)."""
         if not blocks:
             return []
-        batch = _subset(self.encoder.cluster, self.encoder.node, blocks, table)
+        batch = subset_batch(self.encoder.cluster, self.encoder.node, blocks, table)
         payload = self.encoder.encode(batch, WIDEST_SEQ)
         if len(blocks) == 1 and len(payload) > self.encoder.max_bytes and len(blocks[0].values) > 1:
             block, mid = blocks[0], len(blocks[0].values) // 2
@@ -245,7 +245,8 @@ class Retention:
         return self._encode(blocks[:mid], table) + self._encode(blocks[mid:], table)
 
 
-def _subset(cluster: str, node: str, blocks: list[ScrapeBlock], table: list[Labels]) -> Batch:
+def subset_batch(cluster: str, node: str, blocks: Sequence[ScrapeBlock], table: Sequence[Labels]) -> Batch:
+    """A batch (seq 0) of only ``blocks``, with only the label sets of ``table`` they use."""
     remap: dict[int, int] = {}
     labelsets: list[Labels] = []
     out: list[ScrapeBlock] = []

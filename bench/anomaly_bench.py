@@ -26,6 +26,19 @@ subprocesses (RSS) and from the packages' installed files.
 
     .venv/bin/python bench/anomaly_bench.py              # 16 runs per kind, 16 free, 8 calibration
     .venv/bin/python bench/anomaly_bench.py --quick      # 2 / 3 / 2 runs, ~1 min
+
+``--vendor amd|intel|jetson`` (or ``--vendor nvidia --detectors product``) runs the relay's own detector
+instead (``edge_relay.anomaly.Detector`` with the vendor's preset and the relay's defaults: the rules
+or-ed with the EWMA score at ``score_threshold``) on that vendor's simulated exporter, scraped as the
+relay does (parse + ``TargetShaper``), with the same ordinary day applied to the raw samples in the
+exporter's units (``VendorDay``); XID bursts are not applicable on Intel and Jetson (no XID, no ECC
+count: ``NOT_APPLICABLE``).
+It reports the union (``product``) and its two halves (``product:rules``, ``product:ewma``), which
+rules made each detection and each false event, and, with calibration runs, the EWMA threshold that
+would give ``--target-fp`` on that vendor. ``--threshold KEY=VALUE`` / ``--score-threshold`` change
+the detector's configuration (as the budget file's ``anomaly.thresholds`` would) to test a value:
+
+    .venv/bin/python bench/anomaly_bench.py --vendor jetson --threshold power_fraction=1.03
 """
 
 from __future__ import annotations
@@ -432,6 +445,396 @@ def evaluate(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     return text, summary
 
 
+# --- any vendor: the product's detector (edge_relay.anomaly) on that vendor's exporter -------------
+
+# The exporters scraped per vendor (Kepler only where it has GPU series: it reads GPUs through NVML).
+VENDOR_EXPORTERS = {"nvidia": ("dcgm", "kepler"), "amd": ("amd",), "intel": ("intel",), "jetson": ("jetson",)}
+VENDOR_PRESET = {"nvidia": "dcgm", "amd": "amd", "intel": "intel", "jetson": "jetson"}
+# Incident kinds without their fault's signal on a vendor's exporter (simulator.incidents): XID is
+# NVIDIA's; the XID burst moves AMD's ECC counts too (measured there), Intel's and Jetson's exporters show
+# only the application dying (utilisation, power, memory to idle: what a job ending looks like).
+NOT_APPLICABLE = {"nvidia": (), "amd": (), "intel": ("xid",), "jetson": ("xid",)}
+PRODUCT_DETECTORS = ("product", "product:rules", "product:ewma")
+T0_MS = 1_800_000_000_000
+# (preset, metric, label, value) giving a GPU's total memory in the exporter's unit (dcgm: the sum).
+_TOTALS = {
+    "amd": ("gpu_total_vram", None, None),
+    "intel": ("hw_memory_size_bytes", None, None),
+    "jetson": ("ram_kB", "statistic", "total"),
+}
+
+
+class VendorDay:
+    """``OrdinaryDay`` for any exporter, on its raw samples: the same sensor noise and benign load
+    steps, in the exporter's units and scaled by its chip's limits (``simulator.incidents.CHIPS``):
+    utilisation +-2 % and steps of +-30 % (one every ~15 min, 2-20 min long); power follows utilisation
+    (80 % of limit - idle per 100 %), +-1.5 %; temperatures +18 °C per limit's worth of extra power (the
+    A100's 6 °C per 100 W) with a 60 s time constant, +-0.4 °C; half the steps load or drop 2.5-15 % of
+    the memory (the A100's 2-12 GB; a load that would take it over 90 % is not taken), +-0.02 %; clock
+    +-0.57 %. The series moved are those the
+    simulator's incidents move (``simulator.incidents``' roles: all of a GPU's power series move alike)."""
+
+    def __init__(self, rng: random.Random, ticks: int, chip: Any) -> None:
+        self.rng, self.chip = rng, chip
+        self.steps: list[tuple[int, int, float, float]] = []  # start, end, util delta, memory share
+        t = 0
+        while True:
+            t += int(rng.expovariate(1 / 180))
+            if t >= ticks:
+                break
+            fb = rng.choice((0.0, rng.uniform(0.025, 0.15) * rng.choice((-1, 1))))
+            self.steps.append((t, t + rng.randint(24, 240), rng.uniform(-30, 30), fb))
+        self.temp_offset = 0.0
+        self.now = (0.0, 0.0, 0.0, 0.0, 0.0)
+
+    def begin(self, tick: int, raw_util: float | None, used_share: float | None = None) -> None:
+        """This tick's deltas (``raw_util`` in %; None: the exporter has no utilisation, e.g. Jetson).
+        A memory step that would take the memory used (``used_share`` of the total) over 90 % is not
+        taken: a model does not load into memory another job holds (vLLM reserves 90 % by default)."""
+        rng, du, dfb = self.rng, 0.0, 0.0
+        for start, end, u, fb in self.steps:
+            if start <= tick < end:
+                du, dfb = du + u, dfb + fb
+        if dfb > 0 and used_share is not None and used_share + dfb > 0.9:
+            dfb = 0.0
+        noise = rng.gauss(0, 2)
+        dutil = du + noise if raw_util is None else min(100.0, max(0.0, raw_util + du + noise)) - raw_util
+        c = self.chip
+        dpower = dutil / 100 * 0.8 * (c.power_limit - c.power_idle)  # W
+        self.temp_offset += (18.0 * dpower / c.power_limit - self.temp_offset) * (
+            1 - math.exp(-INTERVAL / 60)
+        )
+        self.now = (dutil, dpower, rng.gauss(0, 0.015), self.temp_offset, dfb)
+
+    def apply(self, role: int, v: float, total: float | None) -> float:
+        from simulator import incidents as si
+
+        rng, c = self.rng, self.chip
+        dutil, dpower, pnoise, toff, dfb = self.now
+        if role == si.UTIL:
+            return min(c.util_full, max(0.0, v + dutil * c.util_full / 100))
+        if role in (si.POWER, si.K_WATTS):
+            ps = c.power_scale
+            return min(
+                c.power_limit * 1.03 * ps, max(0.3 * c.power_idle * ps, (v + dpower * ps) * (1 + pnoise))
+            )
+        if role in (si.TEMP, si.MEM_TEMP):
+            return min(100.0, v + toff + rng.gauss(0, 0.4))
+        if role in (si.FB_USED, si.FB_FREE) and total:
+            d = dfb * total + rng.gauss(0, 0.0002 * total)
+            return min(total, max(0.0, v + d if role == si.FB_USED else v - d))
+        if role == si.CLOCK:
+            return v * (1 + rng.gauss(0, 0.0057))
+        return v
+
+
+# What the product's detector saw per scrape, captured around ``_Gpu.evaluate`` (bench only).
+_CAPTURED: dict[str, tuple[list[tuple[str, str]], float]] = {}
+
+
+def _capture_evaluate() -> None:
+    from edge_relay import anomaly
+
+    if getattr(anomaly._Gpu.evaluate, "bench_capture", False):
+        return
+    original = anomaly._Gpu.evaluate
+
+    def evaluate(self: Any, ts: int, x: dict[str, float], fired: list[tuple[str, str]], cfg: Any) -> None:
+        original(self, ts, x, fired, cfg)
+        _CAPTURED[self.key] = (list(fired), self.score)
+
+    evaluate.bench_capture = True  # type: ignore[attr-defined]
+    anomaly._Gpu.evaluate = evaluate  # type: ignore[method-assign]
+
+
+def product_config(vendor: str, overrides: dict[str, float | None], score_threshold: float | None) -> Any:
+    """The relay's default ``anomaly:`` config for ``vendor``'s preset, with the bench's overrides of
+    that vendor's thresholds (``--threshold``) and score threshold."""
+    import dataclasses
+
+    from edge_relay.anomaly import AnomalyConfig
+    from edge_relay.anomaly_signals import DEFAULT_THRESHOLDS
+
+    preset = VENDOR_PRESET[vendor]
+    th = dict(DEFAULT_THRESHOLDS)
+    th[preset] = dataclasses.replace(th[preset], **overrides)
+    cfg = AnomalyConfig(presets=(preset,), thresholds=th)
+    if score_threshold is not None:
+        cfg = dataclasses.replace(cfg, score_threshold=score_threshold)
+    # One event per firing scrape (the bench merges them into events itself, as for the other detectors).
+    return dataclasses.replace(cfg, pre_seconds=0.0, post_seconds=0.001, max_windows=10**6)
+
+
+def product_run(
+    vendor: str, seed: int, incident: Incident | None, ticks: int, benign: bool, cfg: Any
+) -> tuple[dict[int, list[list[tuple[str, str]]]], dict[int, list[float]]]:
+    """One run of ``vendor``'s node scraped as the relay does (parse + ``TargetShaper``), the ordinary
+    day applied to the raw samples, fed to the product's ``Detector``: per simulator GPU and scrape, the
+    rules that fired ((kind, rule), the EWMA score's as ("score", ...)) and the EWMA score."""
+    from edge_relay.anomaly import Detector
+    from edge_relay.anomaly_signals import gpu_key, vendor_of
+    from edge_relay.parse import parse as parse_exposition
+    from edge_relay.shape import TargetShaper
+    from simulator import incidents as si
+
+    _capture_evaluate()
+    exporters = VENDOR_EXPORTERS[vendor]
+    sim = Simulator(
+        seed, exporters=exporters, incidents=[incident] if incident else [], dcgm_health_fields=True,
+        kepler_gpu=vendor == "nvidia",
+    )  # fmt: skip
+    shapers = {e: TargetShaper(e, {"job": e, "instance": e}, {}) for e in exporters}
+    det = Detector(cfg, INTERVAL)
+    order: dict[str, list[str]] = {}
+    info: dict[Any, tuple[int | None, int | None]] = {}  # labels -> (simulator GPU, role)
+    key_gpu: dict[str, int] = {}  # the product's GPU key -> the simulator's GPU
+    totals: dict[int, float] = {}
+    days: dict[int, VendorDay] = {}
+    fired: dict[int, list[list[tuple[str, str]]]] = {}
+    scores: dict[int, list[float]] = {}
+    for tick in range(ticks):
+        ts = T0_MS + round(tick * INTERVAL * 1000)
+        scrapes = []
+        for e in exporters:
+            samples = parse_exposition(sim.render(e, tick))
+            if tick == 0 and e in ("amd", "intel"):
+                key = "gpu_id" if e == "amd" else "pci_bdf"
+                order[e] = sorted({v for ls, _, _ in samples for k, v in ls if k == key})
+            scrapes.append((e, shapers[e].shape(ts, samples, 0.01)))
+        if tick == 0:
+            sums: dict[int, float] = {}
+            for e, sc in scrapes:
+                for labels, v in zip(sc.labels, sc.values, strict=True):
+                    d = dict(labels)
+                    g = _sim_gpu(e, d, order)
+                    name = d["__name__"]
+                    if g is None:
+                        continue
+                    if e == "dcgm" and name in (
+                        "DCGM_FI_DEV_FB_USED",
+                        "DCGM_FI_DEV_FB_FREE",
+                        "DCGM_FI_DEV_FB_RESERVED",
+                    ):
+                        sums[g] = sums.get(g, 0.0) + v
+                    t = _TOTALS.get(e)
+                    if t and name == t[0] and (t[1] is None or d.get(t[1]) == t[2]):
+                        totals[g] = v
+            totals.update(sums)
+            gpus = sorted(set(totals) | {0})
+            days = {g: VendorDay(random.Random(f"day:{seed}:{g}"), ticks if benign else 0, si.CHIPS[
+                VENDOR_PRESET[vendor]]) for g in gpus}  # fmt: skip
+        raw_util: dict[int, float] = {}
+        raw_used: dict[int, float] = {}
+        for e, sc in scrapes:
+            roles = si._ROLE_OF[e]
+            for i, labels in enumerate(sc.labels):
+                got = info.get(labels)
+                if got is None:
+                    d = dict(labels)
+                    g = _sim_gpu(e, d, order)
+                    role = None if g is None else roles(d["__name__"], d)
+                    got = info[labels] = (g, role)
+                    owner = vendor_of(d["__name__"])
+                    if g is not None and owner is not None:
+                        k = gpu_key(owner, labels)
+                        if k is not None:
+                            key_gpu.setdefault(f"{owner}:{k}", g)
+                g, role = got
+                v = sc.values[i]
+                if g is None or v != v:
+                    continue
+                if role == si.UTIL and g not in raw_util:
+                    raw_util[g] = v * 100 / si.CHIPS[VENDOR_PRESET[vendor]].util_full
+                elif role == si.FB_USED and g not in raw_used and totals.get(g):
+                    raw_used[g] = v / totals[g]
+        for g, day in days.items():
+            day.begin(tick, raw_util.get(g), raw_used.get(g))
+        for _, sc in scrapes:
+            for i, labels in enumerate(sc.labels):
+                g, role = info[labels]
+                v = sc.values[i]
+                if g is not None and role is not None and g in days and v == v:  # not a stale marker
+                    sc.values[i] = days[g].apply(role, v, totals.get(g))
+        _CAPTURED.clear()
+        det.observe([sc for _, sc in scrapes], ts)
+        for g in days:
+            fired.setdefault(g, []).append([])
+            scores.setdefault(g, []).append(0.0)
+        for k, (f, score) in _CAPTURED.items():
+            g = key_gpu.get(k)
+            if g is not None and g in days:
+                fired[g][-1] += f
+                scores[g][-1] = max(scores[g][-1], score)
+    return fired, scores
+
+
+def _sim_gpu(exporter: str, d: dict[str, str], order: dict[str, list[str]]) -> int | None:
+    """The simulator's GPU index of a series (its incidents' ``gpu``), as ``simulator.incidents``."""
+    if exporter == "dcgm":
+        return int(d["gpu"]) if "gpu" in d else None
+    if exporter == "kepler":
+        return int(d["gpu"]) if d["__name__"] == "kepler_node_gpu_watts" and "gpu" in d else None
+    if exporter in ("amd", "intel"):
+        v = d.get("gpu_id" if exporter == "amd" else "pci_bdf")
+        return order[exporter].index(v) if v in order.get(exporter, ()) else None
+    return 0  # jetson: one GPU
+
+
+def evaluate_product(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The product's detector (``edge_relay.anomaly``, the vendor's preset with the relay's defaults)
+    over ``args.vendor``'s exporter: incident runs per kind (those with a signal there) and incident-free
+    runs; per kind precision, recall, delays, false events; which rules fired."""
+    vendor = args.vendor
+    rng = random.Random(args.seed)
+    warmup = 120
+    overrides = dict(args.threshold or {})
+    cfg = product_config(vendor, overrides, args.score_threshold)
+    n_gpus = 1 if vendor == "jetson" else 2
+    runs: list[tuple[str, int, Incident | None]] = []
+    for i in range(args.calibration_runs):
+        runs.append(("calibration", 10_000 + i, None))
+    for i in range(args.free_runs):
+        runs.append(("free", 20_000 + i, None))
+    for kind in KINDS:
+        for _ in range(args.runs_per_kind):
+            # The same draws as the NVIDIA bench: the same incident times and seeds for every vendor.
+            n = rng.randint(24, 72)
+            start = rng.randint(warmup + 60, args.ticks - n - GRACE - 1)
+            seed, gpu = rng.randrange(1, 10**6), rng.randint(0, 1)
+            if kind not in NOT_APPLICABLE[vendor]:
+                runs.append((kind, seed, Incident(kind, min(gpu, n_gpus - 1), start, n)))
+    streams: list[tuple[str, Incident | None, int, list[list[tuple[str, str]]], list[float]]] = []
+    t_all = time.monotonic()
+    for i, (label, seed, inc) in enumerate(runs):
+        t0 = time.monotonic()
+        fired, scores = product_run(vendor, seed, inc, args.ticks, not args.no_benign, cfg)
+        for g in sorted(fired):
+            streams.append((label, inc, g, fired[g], scores[g]))
+        where = "" if inc is None else f" gpu {inc.gpu} at {inc.start_tick}"
+        log(f"run {i + 1}/{len(runs)} ({label}{where}) {time.monotonic() - t0:.1f} s")
+    elapsed = time.monotonic() - t_all
+    hours = args.ticks * INTERVAL / 3600
+    thr = cfg.score_threshold
+    calibrated = math.nan
+    if args.calibration_runs:
+        cal = [s for lb, _, _, _, s in streams if lb == "calibration"]
+        calibrated = calibrate(cal, warmup, args.target_fp * args.calibration_runs * n_gpus * hours)
+
+    def alarm_streams(
+        threshold: float,
+    ) -> dict[str, list[tuple[str, Incident | None, int, list[bool], list[str]]]]:
+        out: dict[str, list[Any]] = {n: [] for n in PRODUCT_DETECTORS}
+        for lb, inc, g, f, s in streams:
+            if threshold == thr:  # the product's own debounced score rule
+                ew = [t >= warmup and any(k == "score" for k, _ in x) for t, x in enumerate(f)]
+            else:  # the same rule at another threshold, from the captured scores
+                ew = alarms(s, threshold, SCORE_DEBOUNCE_PRODUCT, warmup)
+            rules = [bool(x) and any(k != "score" for k, _ in x) and t >= warmup for t, x in enumerate(f)]
+            why = [",".join(sorted({r for k, r in x if k != "score"})) for x in f]
+            why_e = [
+                w + ("," if w and e else "") + (f"ewma>{threshold:g}" if e else "")
+                for w, e in zip(why, ew, strict=True)
+            ]
+            out["product:rules"].append((lb, inc, g, rules, why))
+            out["product:ewma"].append((lb, inc, g, ew, [f"ewma>{threshold:g}" if e else "" for e in ew]))
+            out["product"].append((lb, inc, g, [a or b for a, b in zip(rules, ew, strict=True)], why_e))
+        return out
+
+    text = ""
+    summary: dict[str, Any] = {"vendor": vendor, "preset": VENDOR_PRESET[vendor], "score_threshold": thr,
+                               "calibrated_score_threshold": calibrated, "thresholds": overrides,
+                               "not_applicable": list(NOT_APPLICABLE[vendor]), "detectors": {}}  # fmt: skip
+    thresholds = [thr] + ([calibrated] if args.calibration_runs and not math.isnan(calibrated) else [])
+    for threshold in thresholds:
+        per = alarm_streams(threshold)
+        rows, rows2, why_rows = [], [], []
+        for name, st in per.items():
+            tag = name if threshold == thr else f"{name} (ewma at calibrated {threshold:.3g})"
+            if threshold != thr and name == "product:rules":
+                continue
+            fp_free, free_hours = 0, 0.0
+            free_rules: dict[str, int] = {}
+            kinds = {k: {"tp": 0, "fp": 0, "hit": 0, "n": 0, "delays": [], "hours": 0.0, "first": {},
+                         "fp_rules": {}, "masked": 0} for k in KINDS}  # fmt: skip
+            for lb, inc, g, alarm, why in st:
+                starts = events(alarm)
+                if lb == "free":
+                    fp_free += len(starts)
+                    free_hours += hours
+                    for t in starts:
+                        free_rules[why[t]] = free_rules.get(why[t], 0) + 1
+                elif inc is not None:
+                    k = kinds[lb]
+                    k["hours"] += hours
+                    lo, hi = inc.start_tick, inc.end_tick + GRACE
+                    hits = [t for t in starts if g == inc.gpu and lo <= t < hi]
+                    k["tp"] += len(hits)
+                    k["fp"] += len(starts) - len(hits)
+                    for t in starts:
+                        if t not in hits:
+                            k["fp_rules"][why[t]] = k["fp_rules"].get(why[t], 0) + 1
+                    if g == inc.gpu:
+                        k["n"] += 1
+                        if hits:
+                            k["hit"] += 1
+                            k["delays"].append((hits[0] - lo) * INTERVAL)
+                            k["first"][why[hits[0]]] = k["first"].get(why[hits[0]], 0) + 1
+                        elif any(alarm[max(0, lo - REFRACTORY) : lo]) and any(alarm[lo:hi]):
+                            k["masked"] += 1  # an alarm already going on the GPU: no new onset
+            for kind, k in kinds.items():
+                if kind in NOT_APPLICABLE[vendor]:
+                    rows.append([tag, kind, "n/a", "n/a (no signal)", "–", "–", "–"])
+                    continue
+                n_ev = k["tp"] + k["fp"]
+                prec = f"{k['tp'] / n_ev:.2f}" if n_ev else "–"
+                fph = f"{k['fp'] / k['hours']:.2f}" if k["hours"] else "–"
+                p50, p95 = (f"{pct(k['delays'], q):.0f}" if k["delays"] else "–" for q in (0.5, 0.95))
+                masked = f" ({k['masked']} masked)" if k["masked"] else ""
+                rows.append([tag, kind, prec, f"{k['hit']}/{k['n']}{masked}", p50, p95, fph])
+                if name == "product" and threshold == thr:
+                    why_rows.append([kind, _counts(k["first"]) or "–", _counts(k["fp_rules"]) or "–"])
+            rows2.append(
+                [tag, f"{fp_free / free_hours:.2f}" if free_hours else "–", _counts(free_rules) or "–"]
+            )
+            summary["detectors"][tag] = {"fp_per_gpu_hour_free": fp_free / free_hours if free_hours else None,
+                                         "false_event_rules_free": free_rules, "kinds": kinds}  # fmt: skip
+        text += table(["detector", "incident", "precision", "recall", "delay p50 s", "delay p95 s",
+                       "false events / GPU-hour (incident runs)"], rows)  # fmt: skip
+        text += "\n" + table(["detector", "false events / GPU-hour (incident-free)", "their rules"], rows2)
+        if why_rows:
+            text += "\n" + table(
+                ["incident", "rules at the detection (runs)", "rules of the false events"], why_rows
+            )
+        text += "\n"
+    free_gpu_hours = args.free_runs * n_gpus * hours
+    na = ", ".join(NOT_APPLICABLE[vendor]) or "none"
+    changed = "" if not overrides else " but " + ", ".join(f"{k}={v}" for k, v in overrides.items())
+    exps = ", ".join(VENDOR_EXPORTERS[vendor])
+    text += (
+        f"Vendor `{vendor}` (exporters {exps}; preset `{VENDOR_PRESET[vendor]}`, "
+        f"the relay's defaults{changed}"
+        f", EWMA score threshold {thr:g}); {args.runs_per_kind} runs per incident kind "
+        f"(not applicable: {na}), "
+        f"{args.free_runs} incident-free runs ({free_gpu_hours:.3g} GPU-hours)"
+        + (f", {args.calibration_runs} calibration runs (EWMA threshold for {args.target_fp} false events / "
+           f"GPU-hour: {calibrated:.3g})" if args.calibration_runs else "")
+        + f"; {args.ticks} scrapes of {INTERVAL:.0f} s per run, {n_gpus} GPU(s)"
+        + ("" if not args.no_benign else ", no benign load steps")
+        + f". Precision: events on the incident GPU within its window (+{GRACE * INTERVAL:.0f} s) over all "
+        f"events of those runs; alarms within a minute are one event; a *masked* miss: an alarm was already "
+        f"going on the GPU when the incident began (no new onset; the relay's open window holds it). "
+        f"Detector time {elapsed / 60:.1f} min.\n"
+    )  # fmt: skip
+    return text, summary
+
+
+SCORE_DEBOUNCE_PRODUCT = 2  # edge_relay.anomaly_signals.SCORE_DEBOUNCE
+
+
+def _counts(d: dict[str, int]) -> str:
+    return ", ".join(f"{k or '?'} {v}" for k, v in sorted(d.items(), key=lambda kv: -kv[1]))
+
+
 # --- edge cost ----------------------------------------------------------------------------------
 
 _RSS_PROBE = """
@@ -525,25 +928,82 @@ def main(argv: list[str] | None = None) -> int:
         default=0.25,
         help="false events per GPU-hour the statistical detectors' thresholds are calibrated to (0.25)",
     )
-    p.add_argument("--detectors", nargs="+", default=list(DETECTORS), choices=list(DETECTORS))
+    p.add_argument(
+        "--vendor",
+        choices=list(VENDOR_EXPORTERS),
+        default="nvidia",
+        help="whose GPU exporter to scrape (default nvidia: dcgm-exporter and Kepler, every detector); "
+        "amd / intel / jetson run the product's detector (`product`) on that vendor's exporter",
+    )
+    p.add_argument(
+        "--detectors",
+        nargs="+",
+        default=None,
+        choices=[*DETECTORS, "product"],
+        help="default: all of the bench's detectors on nvidia, `product` on the other vendors; `product` is "
+        "edge_relay.anomaly's detector (the vendor preset's rules or-ed with the EWMA score, relay defaults)",
+    )
+    p.add_argument(
+        "--threshold",
+        action="append",
+        type=_threshold_arg,
+        metavar="KEY=VALUE",
+        help="product: override one of the vendor preset's thresholds "
+        "(edge_relay.anomaly_signals.Thresholds, e.g. power_limit=180, power_fraction=0.99; "
+        "`none` turns a rule off); repeatable",
+    )
+    p.add_argument("--score-threshold", type=float, default=None, help="product: the EWMA score threshold")
     p.add_argument("--quick", action="store_true", help="2 runs per kind, 3 free, 2 calibration")
     p.add_argument("--no-benign", action="store_true", help="sensor noise only, no benign load steps")
     args = p.parse_args(argv)
     if args.quick:
         args.runs_per_kind, args.free_runs, args.calibration_runs = 2, 3, 2
+    if args.detectors is None:
+        args.detectors = list(DETECTORS) if args.vendor == "nvidia" else ["product"]
+    product = "product" in args.detectors
+    if product and len(args.detectors) > 1:
+        p.error("--detectors product runs alone")
+    if not product and args.vendor != "nvidia":
+        p.error(
+            f"--vendor {args.vendor}: only the product's detector (`--detectors product`) reads its exporter"
+        )
+    if not product and (args.threshold or args.score_threshold is not None):
+        p.error("--threshold / --score-threshold configure the product's detector (`--detectors product`)")
+    args.threshold = dict(args.threshold or [])
     started = time.monotonic()
-    report = "# Anomaly detectors on simulated GPU incidents (issue 14)\n\n"
-    text, summary = evaluate(args)
-    report += text + "\n## Edge cost\n\n" + edge_cost(args.detectors)
-    report += f"\nBench wall time {(time.monotonic() - started) / 60:.1f} min; `{shlex.join(sys.argv)}`.\n"
     results = ROOT / "bench" / "results"
     results.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    (results / f"{stamp}-anomaly.md").write_text(report)
-    (results / f"{stamp}-anomaly.json").write_text(json.dumps(summary, indent=1, default=str))
+    if product:
+        report = f"# The relay's anomaly detector on simulated GPU incidents: {args.vendor} (issue 14)\n\n"
+        text, summary = evaluate_product(args)
+        report += text
+        name = f"{stamp}-anomaly-{args.vendor}"
+    else:
+        report = "# Anomaly detectors on simulated GPU incidents (issue 14)\n\n"
+        text, summary = evaluate(args)
+        report += text + "\n## Edge cost\n\n" + edge_cost(args.detectors)
+        name = f"{stamp}-anomaly"
+    report += f"\nBench wall time {(time.monotonic() - started) / 60:.1f} min; `{shlex.join(sys.argv)}`.\n"
+    (results / f"{name}.md").write_text(report)
+    (results / f"{name}.json").write_text(json.dumps(summary, indent=1, default=str))
     print(report)
-    log(f"written to bench/results/{stamp}-anomaly.md")
+    log(f"written to bench/results/{name}.md")
     return 0
+
+
+def _threshold_arg(text: str) -> tuple[str, float | None]:
+    from edge_relay.anomaly_signals import THRESHOLD_KEYS
+
+    key, sep, value = text.partition("=")
+    if not sep or key not in THRESHOLD_KEYS:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY one of {', '.join(THRESHOLD_KEYS)}")
+    if value.lower() in ("none", "null"):
+        return key, None
+    try:
+        return key, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{key}: {value!r} is not a number") from None
 
 
 if __name__ == "__main__":

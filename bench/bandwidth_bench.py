@@ -1,19 +1,40 @@
-"""Bandwidth bench (issue 4): bytes, CPU and memory per sample of our relay, Prometheus agent and
-vmagent side by side on the same workload.  Not a test: it prints a markdown table and writes it to
-``bench/results/<timestamp>-bandwidth.md``.  See ``bench/README.md`` for how every number is measured.
+"""Bandwidth bench (issues 4 and 13): bytes, CPU, memory per sample and freshness of our relay (live
+and windowed), Prometheus agent and vmagent side by side on the same workload.  Not a test: it prints a
+markdown table and writes it to ``bench/results/<timestamp>-bandwidth.md``.  See ``bench/README.md``
+for how every number is measured.
 
     python bench/bandwidth_bench.py                              # 2000 series, 5 s, 10 min measured
     python bench/bandwidth_bench.py --series 500 --minutes 1     # quick check (~4 min)
+    python bench/bandwidth_bench.py --rows live agent --minutes 1   # some rows only
     python bench/bandwidth_bench.py --budget-scenario            # ours alone under a too-small budget
 
 One simulator serves all of them the same payloads; each one's uplink goes through a byte-counting
 TCP proxy (``testkit.netfaults.LinkProxy``, never cut here) and each writes to a receiver of its own
-behind a tap:
+behind a tap (``--rows``, default all):
 
-    ours:     simulator -> edge-relay -> proxy -> mosquitto -> cloud-ingest -> tap -> Prometheus
+    live:     simulator -> edge-relay -> proxy -> mosquitto -> cloud-ingest -> tap -> Prometheus
+    windowed: simulator -> edge-relay -> proxy -> mosquitto -> cloud-ingest -> tap -> Prometheus
     agent:    simulator -> prometheus --enable-feature=agent -> proxy -> tap -> Prometheus
     vmagent:  simulator -> vmagent -> proxy -> tap -> Prometheus
     vmagent:  simulator -> vmagent -> proxy -> tap -> VictoriaMetrics
+
+"ours, live" runs the relay without a budget file (it publishes every scrape cycle at once; with
+``stream.enabled``, the default, the v3 stream codec where the relay has it); "ours, windowed" with a
+lossless budget file (one class at full resolution, ``--batch-window`` s windows).  Each has a stack
+of its own (relay, mosquitto, cloud-ingest, receiver).
+
+Freshness: every ``--freshness-every`` (2) s of the measured window a thread asks each receiver, in
+turn, for the newest exporter sample's timestamp of each job, an instant query at ``time`` = now, and
+records now - that timestamp per job: ``max by (job) (timestamp({__name__="<m1>",job="<job1>"}) or
+...)``, one metric per exporter job, the one with the most series (picked from the receivers at the
+window's start: Prometheus 2.42's ``timestamp()`` refuses a selector over several metric names,
+"vector cannot contain metrics with the same labelset"); VictoriaMetrics: ``tlast_over_time(...[5m])``,
+the same 5 min lookback as Prometheus' instant query.  The timestamp is the scrape's start, so this is
+the age of the newest scrape one can query: scrape duration, batching (a whole batch window for
+"windowed") and delivery, plus the receiver's own delay before a write is searchable (VictoriaMetrics
+buffers about 1 s).  Per job, not the newest of all jobs: the agents spread their targets over the
+scrape interval, the relay scrapes them together.  The table gives p50 and p99 over the window's
+readings of all jobs.
 """
 
 from __future__ import annotations
@@ -34,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import requests
 from outage_bench import log, table, workspace, write_results  # bench/ is sys.path[0] for a script
 
 from testkit.agents import tool_version
@@ -59,6 +81,7 @@ RECEIVERS: dict[str, type[Prometheus] | type[VictoriaMetrics]] = {
     "victoriametrics": VictoriaMetrics,
 }
 RECEIVER_TITLES = {"prometheus": "Prometheus", "victoriametrics": "VictoriaMetrics"}
+ROWS = ("live", "windowed", "agent", "vmagent")  # --rows, in the table's order
 # relay_config() sets the test suite's short MQTT timers; the bench runs the product defaults.
 MQTT_TIMERS = (
     "keepalive_seconds",
@@ -87,6 +110,7 @@ class Row:
     final_stats: dict[str, ProcStats] = field(default_factory=dict)
     scraped: int = 0  # samples stamped in the window that reached the receiver
     receiver_count: int | None = None  # the receiver's own count of them (cross-check)
+    lags: list[float] = field(default_factory=list)  # freshness: now - newest sample's timestamp, s
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -126,6 +150,11 @@ def reading(row: Row) -> Reading:
             }
             if any(n == "edge_relay_wire_bytes_total" for n, _, _ in m):
                 metrics["wire"] = metric_sum(m, "edge_relay_wire_bytes_total")
+            if any(n == "edge_relay_stream_enabled" for n, _, _ in m):  # the v3 stream codec
+                metrics["stream_enabled"] = metric_sum(m, "edge_relay_stream_enabled")
+                metrics["need_state"] = metric_sum(m, "edge_relay_stream_need_state_total")
+                for kind in ("delta", "key", "batch"):
+                    metrics[kind] = metric_sum(m, "edge_relay_stream_frames_total", kind=kind)
     return Reading(
         at_ms=int(time.time() * 1000),
         up=s.proxy.bytes_up,
@@ -150,31 +179,132 @@ def short_version(line: str) -> str:
     return match.group(1) if match else "?"
 
 
+# ------------------------------------------------------------------------------------------ freshness
+
+EXPORTER_SAMPLES = f'{{job=~"{"|".join(EXPORTERS)}",__name__!~"up|scrape_.+"}}'
+
+
+class FreshnessSampler:
+    """Every ``every`` s, in a thread: for each row in turn, an instant query at now for the newest
+    exporter sample's timestamp of each job in its receiver; appends now - that timestamp, one per job,
+    to ``row.lags`` (per job: the agents spread their targets over the interval, the relay scrapes
+    them together, so the newest of all jobs would favour the agents).
+
+    Prometheus 2.x refuses ``timestamp()`` over several metric names ("vector cannot contain metrics
+    with the same labelset": it drops the names), so the query takes one metric per job, the one with
+    the most series in the receivers at the start, and ``or``s them together."""
+
+    def __init__(self, rows: list[Row], every: float) -> None:
+        self.rows = rows
+        self.every = every
+        self.failed: dict[str, list[str]] = {row.system.key: [] for row in rows}
+        self._session = requests.Session()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="freshness", daemon=True)
+        self.selectors = self.pick()
+        self.queries = {  # Prometheus: an instant query's 5 min lookback; VictoriaMetrics: the same
+            "prometheus": "max by (job) (" + " or ".join(f"timestamp({sel})" for sel in self.selectors) + ")",
+            "victoriametrics": "max by (job) ("
+            + " or ".join(f"tlast_over_time({sel}[5m])" for sel in self.selectors)
+            + ")",
+        }
+
+    def pick(self) -> list[str]:
+        """Per job, the exporter metric with the most series: ``{__name__="...",job="..."}`` (from the
+        first receiver that has every job, else from all of them)."""
+        best: dict[str, tuple[float, str]] = {}
+        for row in self.rows:
+            with contextlib.suppress(Exception):
+                for r in self.get(row, f"count by (job, __name__) ({EXPORTER_SAMPLES})", time.time()):
+                    job, name, n = r["metric"]["job"], r["metric"]["__name__"], float(r["value"][1])
+                    best[job] = max(best.get(job, (0.0, "")), (n, name))
+            if len(best) == len(EXPORTERS):
+                break
+        if not best:
+            raise RuntimeError("freshness: no exporter series in any receiver")
+        return [f'{{__name__="{name}",job="{job}"}}' for job, (_, name) in sorted(best.items())]
+
+    def get(self, row: Row, query: str, at: float) -> list[dict[str, Any]]:
+        params = {"query": query, "time": f"{at:.3f}"}
+        resp = self._session.get(f"{row.receiver.url}/api/v1/query", params=params, timeout=5)
+        body = resp.json()
+        if body.get("status") != "success":
+            raise RuntimeError(f"HTTP {resp.status_code}: {body.get('error', resp.text[:200])}")
+        return body["data"]["result"]
+
+    def start(self) -> FreshnessSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        for row in self.rows:
+            if failed := self.failed[row.system.key]:
+                row.notes.append(
+                    f"freshness: {len(failed)} of {len(failed) + len(row.lags)} readings (job x query) "
+                    f"gave no timestamp (first: {failed[0]})"
+                )
+
+    def probe(self, row: Row) -> None:
+        at = time.time()
+        try:
+            result = self.get(row, self.queries[row.receiver_kind], at)
+        except Exception as exc:  # counted and reported, the run goes on
+            self.failed[row.system.key] += [f"{type(exc).__name__}: {str(exc)[:100]}"] * len(self.selectors)
+            return
+        row.lags += [at - float(r["value"][1]) for r in result]
+        self.failed[row.system.key] += ["no sample in the last 5 min"] * (len(self.selectors) - len(result))
+
+    def _run(self) -> None:
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            for row in self.rows:
+                self.probe(row)
+            next_at += self.every
+            self._stop.wait(max(0.0, next_at - time.monotonic()))
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (0-1) of ``values``, interpolated between the closest ranks."""
+    if not values:
+        return None
+    v = sorted(values)
+    k = (len(v) - 1) * q
+    lo = math.floor(k)
+    return v[lo] + (v[min(lo + 1, len(v) - 1)] - v[lo]) * (k - lo)
+
+
 # ------------------------------------------------------------------------------------------ relay config
 
 
 def relay_overrides(
-    args: argparse.Namespace, work: Path, urls: dict[str, str], budget: Path | None = None
+    args: argparse.Namespace, work: Path, urls: dict[str, str], budget: Path | None = None, live: bool = False
 ) -> tuple[dict[str, Any], list[str]]:
-    """The relay's config overrides: product MQTT timers, the batch format and a budget file:
-    ``budget``, or by default a lossless one (one catch-all class, ``--budget-bytes-per-second``).
+    """The relay's config overrides: product MQTT timers, and either (``live``) no budget file and
+    ``stream.enabled: true``, or the batch format and a budget file: ``budget``, or by default a
+    lossless one (one catch-all class, ``--budget-bytes-per-second``).
 
-    ``batch.format_version`` and ``budget_file`` are new keys: whichever the relay refuses
-    (``edge-relay check-config``) is left out, with a warning line for the report.
+    ``stream.enabled``, ``batch.format_version`` and ``budget_file`` are new keys: whichever the relay
+    refuses (``edge-relay check-config``) is left out, with a warning line for the report.
     """
     defaults = relay_schema_defaults("mqtt")
     base: dict[str, Any] = {f"mqtt__{key}": defaults[key] for key in MQTT_TIMERS}
-    if budget is None:
-        budget = write_budget(
-            work / "budget.yaml",
-            bytes_per_second=args.budget_bytes_per_second,
-            burst_bytes=10 * args.budget_bytes_per_second,
-            batch_window_seconds=args.batch_window,
-            classes=[{"name": "all", "resolution_seconds": 0}],
-        )
-    wanted: dict[str, Any] = {"batch__format_version": args.format_version, "budget_file": str(budget)}
+    wanted: dict[str, Any]
+    if live:
+        wanted = {"stream__enabled": True}
+    else:
+        if budget is None:
+            budget = write_budget(
+                work / "budget.yaml",
+                bytes_per_second=args.budget_bytes_per_second,
+                burst_bytes=10 * args.budget_bytes_per_second,
+                batch_window_seconds=args.batch_window,
+                classes=[{"name": "all", "resolution_seconds": 0}],
+            )
+        wanted = {"batch__format_version": args.format_version, "budget_file": str(budget)}
     warnings: list[str] = []
-    check_dir = work / "config-check"
+    check_dir = work / ("config-check-live" if live else "config-check")
     check_dir.mkdir(parents=True, exist_ok=True)
     while True:
         path = relay_config(
@@ -185,13 +315,14 @@ def relay_overrides(
             return {**base, **wanted}, warnings
         if not wanted:
             raise RuntimeError(f"edge-relay refuses the bench's config {path}: {error}")
-        # Drop the keys the message names; if it names neither (a budget file it cannot use), the budget.
-        # (The relay quotes a key it refuses in backticks: "unknown key `budget_file`".)
+        # Drop the keys the message names; if it names none (a budget file it cannot use), the last.
+        # (The relay quotes a key it refuses in backticks: "unknown key `budget_file`", or its section:
+        # "unknown key `stream`; expected one of ...".)
         lines = error.splitlines()
-        quoted = {k: f"`{k.rsplit('__', 1)[-1]}`" for k in wanted}
-        named = [k for k in wanted if quoted[k] in error] or [list(wanted)[-1]]
+        quoted = {k: (f"`{k.rsplit('__', 1)[-1]}`", f"unknown key `{k.split('__')[0]}`;") for k in wanted}
+        named = [k for k in wanted if any(q in error for q in quoted[k])] or [list(wanted)[-1]]
         for key in named:
-            why = " / ".join([line for line in lines if quoted[key] in line] or lines)
+            why = " / ".join([line for line in lines if any(q in line for q in quoted[key])] or lines)
             warnings.append(
                 f"WARNING: the relay refuses `{key.replace('__', '.')}`, running without it: {why}"
             )
@@ -209,13 +340,22 @@ def describe_relay(overrides: dict[str, Any], args: argparse.Namespace) -> str:
             f"{args.budget_bytes_per_second:,} B/s sustained, {10 * args.budget_bytes_per_second:,} B burst, "
             f"`batch_window_seconds: {args.batch_window:g}`"
             if "budget_file" in overrides
-            else "no budget file (one batch per scrape cycle)"
+            else "no budget file (publishes every scrape cycle)"
         ),
+    ]
+    stream = overrides.get("stream__enabled")
+    parts.insert(
+        0, f"`stream.enabled: {str(stream).lower()}`" if stream is not None else "stream: the default"
+    )
+    return "; ".join(parts)
+
+
+def mqtt_timers(overrides: dict[str, Any]) -> str:
+    return (
         "MQTT timers at the product defaults ("
         + ", ".join(f"{k.removeprefix('mqtt__')} {v}" for k, v in overrides.items() if k.startswith("mqtt__"))
-        + ")",
-    ]
-    return "; ".join(parts)
+        + ")"
+    )
 
 
 # ------------------------------------------------------------------------------------------ the run
@@ -241,39 +381,47 @@ def run(args: argparse.Namespace) -> str:
         rows: list[Row] = []
         try:
             log(f"simulator: {', '.join(f'{k} {v}' for k, v in sim.urls.items())}")
-            overrides, warnings = relay_overrides(args, work, sim.urls)
-            rows += systems(args, work, overrides, pv, vv)
-            return measure(args, rows, sim, overrides, warnings, prom_version, vm_version)
+            warnings: list[str] = []
+            rows += systems(args, work, sim.urls, warnings, pv, vv)
+            return measure(args, rows, sim, warnings, prom_version, vm_version)
         finally:
             for row in rows:
                 row.system.close()
             sim.stop()
 
 
-def systems(args: argparse.Namespace, work: Path, overrides: dict[str, Any], pv: str, vv: str) -> list[Row]:
-    """Ours and the agent write to a Prometheus; one vmagent per ``--vmagent-receivers`` kind."""
+def systems(
+    args: argparse.Namespace, work: Path, urls: dict[str, str], warnings: list[str], pv: str, vv: str
+) -> list[Row]:
+    """The ``--rows``: ours (live, windowed) and the agent write to a Prometheus; one vmagent per
+    ``--vmagent-receivers`` kind."""
     interval = args.interval
-    rows = [
-        Row(
-            Ours(
-                "ours",
-                "edge-relay (ours)",
-                work / "ours",
-                interval,
-                args.series,
-                relay_overrides=overrides,
-                ingest_overrides=INGEST_OVERRIDES,
-            ),
-            "prometheus",
-            Prometheus(work / "ours" / "receiver"),
-        ),
-        Row(
-            Agent("agent", f"Prometheus agent {pv}", work / "agent", interval, args.series),
-            "prometheus",
-            Prometheus(work / "agent" / "receiver"),
-        ),
-    ]
-    for kind in args.vmagent_receivers:
+    rows = []
+    for mode in ("live", "windowed"):
+        if mode not in args.rows:
+            continue
+        overrides, refused = relay_overrides(args, work, urls, live=mode == "live")
+        warnings += [w.replace("WARNING: the relay", f"WARNING ({mode}): the relay") for w in refused]
+        key = f"ours-{mode}"
+        ours = Ours(
+            key,
+            f"edge-relay (ours, {mode})",
+            work / key,
+            interval,
+            args.series,
+            relay_overrides=overrides,
+            ingest_overrides=INGEST_OVERRIDES,
+        )
+        rows.append(Row(ours, "prometheus", Prometheus(work / key / "receiver")))
+    if "agent" in args.rows:
+        rows.append(
+            Row(
+                Agent("agent", f"Prometheus agent {pv}", work / "agent", interval, args.series),
+                "prometheus",
+                Prometheus(work / "agent" / "receiver"),
+            )
+        )
+    for kind in args.vmagent_receivers if "vmagent" in args.rows else ():
         key = f"vmagent-{kind}"
         title = f"vmagent {vv} -> {RECEIVER_TITLES[kind]}"
         rows.append(
@@ -290,7 +438,6 @@ def measure(
     args: argparse.Namespace,
     rows: list[Row],
     sim: SimulatorProcess,
-    overrides: dict[str, Any],
     warnings: list[str],
     prom_version: str,
     vm_version: str,
@@ -303,14 +450,14 @@ def measure(
         log(f"{row.system.key}: started, receiver {row.receiver_kind} :{row.receiver.port}")
     started = time.monotonic()
     run_start = dt.datetime.now()
-    ours = rows[0].system
-    assert isinstance(ours, Ours)
+    ours = [r.system for r in rows if isinstance(r.system, Ours)]
 
     def alive() -> None:
-        if not ours.relay.alive():
-            raise RuntimeError(f"edge-relay died:\n{ours.relay.log_tail()}")
-        if not ours.ingest.alive():
-            raise RuntimeError(f"cloud-ingest died:\n{ours.ingest.log_tail()}")
+        for o in ours:
+            if not o.relay.alive():
+                raise RuntimeError(f"edge-relay of {o.key} died:\n{o.relay.log_tail()}")
+            if not o.ingest.alive():
+                raise RuntimeError(f"cloud-ingest of {o.key} died:\n{o.ingest.log_tail()}")
         for row in rows:
             for svc in row.system.services:
                 if not svc.is_running():
@@ -318,22 +465,26 @@ def measure(
 
     # Warm-up: at least --warmup seconds, and until every system has delivered something (ours may
     # hold a whole batch window first).
-    batch_window = args.batch_window if "budget_file" in overrides else 0.0
+    windowed = any("budget_file" in o.relay_overrides for o in ours)
+    batch_window = args.batch_window if windowed else 0.0
     give_up = started + args.warmup + batch_window + 6 * interval + 60
     while True:
         alive()
-        waiting = [r.system.key for r in rows if r.system.tap.requests_ok == 0]
+        waiting = [r.system for r in rows if r.system.tap.requests_ok == 0]
         if time.monotonic() >= started + args.warmup and not waiting:
             break
         if time.monotonic() > give_up:
-            detail = ours.relay.log_tail(30) if "ours" in waiting else ""
-            hint = " (try --format-version 1)" if "ours" in waiting else ""
-            raise RuntimeError(f"nothing reached the receiver of {', '.join(waiting)}{hint}\n{detail}")
+            silent = [o for o in waiting if isinstance(o, Ours)]
+            detail = "\n".join(o.relay.log_tail(30) for o in silent)
+            hint = " (try --format-version 1)" if silent else ""
+            names = ", ".join(s.key for s in waiting)
+            raise RuntimeError(f"nothing reached the receiver of {names}{hint}\n{detail}")
         time.sleep(1)
 
     log(f"measuring for {args.minutes:g} min")
     for row in rows:
         row.start = reading(row)
+    freshness = FreshnessSampler(rows, args.freshness_every).start()
     window_end = time.monotonic() + args.minutes * 60
     next_report = time.monotonic() + 60
     while time.monotonic() < window_end:
@@ -342,6 +493,7 @@ def measure(
             next_report += 60
             log("so far: " + ", ".join(f"{r.system.key} {r.system.proxy.bytes_total:,} B" for r in rows))
         time.sleep(min(1.0, max(0.0, window_end - time.monotonic())))
+    freshness.stop()
     for row in rows:
         row.end = reading(row)
     t0_ms = min(r.start.at_ms for r in rows if r.start)
@@ -366,9 +518,9 @@ def measure(
         row.final_stats = s.stats()
         row.scraped = samples_stamped(s.tap, row.start.at_ms, row.end.at_ms)
         row.receiver_count = receiver_count(row, row.start.at_ms, row.end.at_ms)
-        row.protocol = protocol(row, overrides)
+        row.protocol = protocol(row)
         row.notes += notes(row)
-    return report(args, rows, overrides, warnings, prom_version, vm_version, run_start, t0_ms, t1_ms)
+    return report(args, rows, warnings, freshness, prom_version, vm_version, run_start, t0_ms, t1_ms)
 
 
 def receiver_count(row: Row, start_ms: int, end_ms: int) -> int | None:
@@ -395,10 +547,15 @@ def receiver_count(row: Row, start_ms: int, end_ms: int) -> int | None:
     )
 
 
-def protocol(row: Row, overrides: dict[str, Any]) -> str:
+def protocol(row: Row) -> str:
     if isinstance(row.system, Ours):
+        overrides = row.system.relay_overrides
         fmt = overrides.get("batch__format_version")
-        return "MQTT, batch format " + (f"v{fmt}" if fmt is not None else "default")
+        text = "MQTT, batch format " + (f"v{fmt}" if fmt is not None else "default")
+        end = row.end.metrics if row.end is not None else {}
+        if end.get("delta", 0) + end.get("key", 0) > 0:  # stream-coded publications in its life
+            text = "MQTT, v3 stream frames"
+        return text + (", windows" if "budget_file" in overrides else ", every cycle")
     encodings = row.system.tap.encodings
     if not encodings:
         return "n/a"
@@ -427,6 +584,13 @@ def notes(row: Row) -> list[str]:
             out.append(
                 f"the relay's own edge_relay_wire_bytes_total: {wire:,.0f} B "
                 f"(proxy: {up + b.down - a.down:,} B)"
+            )
+        if "stream_enabled" in b.metrics and "stream_enabled" in a.metrics:
+            frames = {k: b.metrics[k] - a.metrics[k] for k in ("delta", "key", "batch", "need_state")}
+            out.append(
+                "publications in the window: {delta:,.0f} delta frames, {key:,.0f} key frames, {batch:,.0f} "
+                "self-contained batches; {need_state:,.0f} need_state acks".format(**frames)
+                + f"; edge_relay_stream_enabled {b.metrics['stream_enabled']:g} at the end"
             )
         out.append(f"remote-write requests of cloud-ingest in the window: {requests:,}")
     else:
@@ -486,8 +650,8 @@ def num(x: float | None, digits: int) -> str:
 def report(
     args: argparse.Namespace,
     rows: list[Row],
-    overrides: dict[str, Any],
     warnings: list[str],
+    freshness: FreshnessSampler,
     prom_version: str,
     vm_version: str,
     run_start: dt.datetime,
@@ -505,12 +669,19 @@ def report(
         "systems; each one's uplink goes through a byte-counting TCP proxy on 127.0.0.1 (ours: relay to "
         "broker, MQTT; the agents: remote-write HTTP requests and responses). Exporter samples only "
         "(the scrapers' `up`/`scrape_*` series are not counted, their bytes are).\n\n"
-        f"Our relay: {describe_relay(overrides, args)}.\n"
     )
+    ours_rows = [r for r in rows if isinstance(r.system, Ours)]
+    for r in ours_rows:
+        assert isinstance(r.system, Ours)
+        mode = r.system.key.removeprefix("ours-")
+        head += f"- Our relay, {mode}: {describe_relay(r.system.relay_overrides, args)}; "
+        head += f"{mqtt_timers(r.system.relay_overrides)}.\n"
     if warnings:
         head += "\n" + "\n".join(f"**{w}**" for w in warnings) + "\n"
-    ours = rows[0]
-    ours_bps, ours_cpu, ours_rss = bytes_per_sample(ours), cpu_us(ours, ours.edge), rss_mib(ours, ours.edge)
+    base = ours_rows[0] if ours_rows else None
+    ours_bps = bytes_per_sample(base) if base else None
+    ours_cpu = cpu_us(base, base.edge) if base else None
+    ours_rss = rss_mib(base, base.edge) if base else None
     body = []
     for row in rows:
         a, b = row.start, row.end
@@ -527,6 +698,8 @@ def report(
                 num(bps, 2),
                 num(cpu, 1),
                 num(rss, 1),
+                num(percentile(row.lags, 0.5), 1),
+                num(percentile(row.lags, 0.99), 1),
                 ratio(bps, ours_bps),
                 ratio(cpu, ours_cpu),
                 ratio(rss, ours_rss),
@@ -543,6 +716,8 @@ def report(
             "bytes/sample",
             "CPU us/sample",
             "peak RSS MiB",
+            "freshness p50 s",
+            "freshness p99 s",
             "bytes/sample vs ours",
             "CPU vs ours",
             "RSS vs ours",
@@ -552,9 +727,14 @@ def report(
     cloud = table(
         ["our cloud side (not an edge cost)", "CPU us/sample", "peak RSS MiB"],
         [
-            [name, num(cpu_us(ours, name), 1), num(rss_mib(ours, name), 1)]
+            [
+                f"{name} ({r.system.key.removeprefix('ours-')})",
+                num(cpu_us(r, name), 1),
+                num(rss_mib(r, name), 1),
+            ]
+            for r in ours_rows
             for name in ("cloud-ingest", "mosquitto")
-            if name in ours.final_stats
+            if name in r.final_stats
         ],
     )
     legend = (
@@ -565,14 +745,22 @@ def report(
         "- **bytes up / down**: forwarded by the proxy during the window (TCP payload, both directions).\n"
         "- **CPU us/sample**: utime + stime of the edge process over the window (ours: the relay only). "
         "**peak RSS**: VmHWM at the end.\n"
-        "- **vs ours**: theirs / ours.\n"
+        f"- **freshness**: every {args.freshness_every:g} s of the window, now - the newest exporter "
+        "sample's timestamp (its scrape's start) of each exporter job the receiver answers to an "
+        f"instant query at now, `{freshness.queries['prometheus']}` (VictoriaMetrics: "
+        "`tlast_over_time(...[5m])` instead of `timestamp()`; one metric per job, the one with the most "
+        "series, since Prometheus 2.42's `timestamp()` refuses several metric names at once); p50 and "
+        f"p99 over the window's readings of all {len(freshness.selectors)} jobs "
+        f"(~{args.minutes * 60 / args.freshness_every * len(freshness.selectors):.0f} a row).\n"
+        f"- **vs ours**: theirs / {base.system.title if base else 'ours (not run)'}.\n"
     )
     row_notes = "\n".join(f"- {r.system.title}: {'; '.join(r.notes)}" for r in rows if r.notes)
     versions = (
         f"Versions: `prometheus --version`: {prom_version}; `vmagent -version`: {vm_version}; "
         f"Python {platform.python_version()}.\n"
     )
-    return f"{head}\n{main}\n\n{cloud}\n\n{legend}\n{row_notes}\n\n{versions}"
+    cloud = f"{cloud}\n\n" if ours_rows else ""
+    return f"{head.rstrip()}\n\n{main}\n\n{cloud}{legend}\n{row_notes}\n\n{versions}"
 
 
 # ------------------------------------------------------------------------------------------ budget scenario
@@ -1266,7 +1454,12 @@ def main() -> int:
         help="seconds before the window, at least (default 30; also until every system delivered)",
     )
     ap.add_argument(
-        "--format-version", type=int, choices=(1, 2), default=2, help="relay batch.format_version (default 2)"
+        "--format-version",
+        type=int,
+        choices=(1, 2),
+        default=2,
+        help="relay batch.format_version of the windowed row and the budget scenario (default 2; the live "
+        "row runs the relay's default)",
     )
     ap.add_argument(
         "--batch-window", type=float, default=60.0, help="relay budget batch_window_seconds (default 60)"
@@ -1276,6 +1469,20 @@ def main() -> int:
         type=int,
         default=10_000_000,
         help="relay budget's sustained rate, generous so nothing degrades (default 10,000,000)",
+    )
+    ap.add_argument(
+        "--rows",
+        nargs="+",
+        choices=ROWS,
+        default=list(ROWS),
+        help="systems to run: ours without a budget file (live), ours with the lossless budget "
+        "(windowed), the Prometheus agent, vmagent (one row per --vmagent-receivers); default all",
+    )
+    ap.add_argument(
+        "--freshness-every",
+        type=float,
+        default=2.0,
+        help="seconds between freshness queries to each receiver (default 2)",
     )
     ap.add_argument(
         "--vmagent-receivers",

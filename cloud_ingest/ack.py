@@ -41,7 +41,8 @@ class Acker:
         refused: int = 0,
     ) -> None:
         """Ack one batch; ``incarnation`` is the batch header's (0: it had none, nor will the ack);
-        ``written`` and ``refused`` are the sample counts of a ``partial`` result."""
+        ``written`` and ``refused`` are the sample counts of a ``partial`` result. ``need_state`` (no
+        reason, no counts) is only ever sent for a v3 frame: older relays refuse the key."""
         if reason is not None and len(reason) > codec.MAX_REASON_CHARS:
             # The full text is in the dead-letter store; the edge only needs to know why, briefly.
             reason = reason[: codec.MAX_REASON_CHARS - 3] + "..."

@@ -5,11 +5,18 @@ and label rules; this stage adds what only the cloud knows (the topic the messag
 and makes every series carry the topic's cluster and node (``pin_identity``), so no node can write
 another node's series. It also refuses a batch whose remote-write request would be far larger than the
 batch itself (``expansion_limit``), before the write stage builds it.
+
+Payloads are decoded by ``decoder`` (the service passes ``StreamState.decode`` of ``cloud_ingest/follow.py``,
+which decodes v1/v2 as before and v3 frames against the node's stream state); a v3 delta frame whose
+base state is not held is refused with reason ``need_state``, which the service acks as such and never
+dead-letters. A refusal made after decoding carries the decoded ``batch``, so a v3 frame is
+dead-lettered as a batch a replay can decode.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cloud_ingest.isolate import split_future
@@ -39,6 +46,7 @@ class Refused(Exception):
         node: str | None,
         seq: int | None,
         incarnation: int = 0,
+        batch: Batch | None = None,
     ) -> None:
         super().__init__(message)
         self.reason = reason
@@ -46,6 +54,7 @@ class Refused(Exception):
         self.node = node
         self.seq = seq
         self.incarnation = incarnation  # the batch's spool incarnation, echoed in the ack
+        self.batch = batch  # what was decoded, when the refusal came after decoding
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +78,7 @@ def decode(
     max_future_seconds: float,
     now_ms: int | None = None,
     max_request_bytes: int | None = None,
+    decoder: Callable[[bytes], Batch] | None = None,
 ) -> Decoded:
     """The batch of one message, or :class:`Refused`. ``max_request_bytes`` caps the remote-write
     request it may become (default ``REQUEST_EXPANSION`` x ``limits.max_decompressed_bytes``)."""
@@ -93,7 +103,7 @@ def decode(
             incarnation=header.incarnation,
         )
     try:
-        batch = codec.decode_batch(payload, limits)
+        batch = codec.decode_batch(payload, limits) if decoder is None else decoder(payload)
     except codec.DecodeError as e:
         raise Refused(
             e.reason, str(e), cluster=cluster, node=node, seq=header.seq, incarnation=header.incarnation
@@ -122,6 +132,7 @@ def decode(
                 node=node,
                 seq=header.seq,
                 incarnation=header.incarnation,
+                batch=batch if future is None else future,
             )
         batch = good
         if future is None:
@@ -143,6 +154,7 @@ def decode(
             node=node,
             seq=header.seq,
             incarnation=header.incarnation,
+            batch=batch,
         )
     return Decoded(cluster, node, batch, overridden, future, future_reason)
 

@@ -112,6 +112,32 @@ class IngestMetrics:
             ["node"],
             registry=r,
         )
+        # Wire format v3 (live mode): cloud_ingest/follow.py.
+        self.need_state = Counter(
+            "cloud_ingest_need_state_total",
+            "v3 frames acked need_state: this replica does not hold the state they were coded against "
+            "(the relay publishes them again self-contained); never dead-lettered.",
+            registry=r,
+        )
+        self.frames_followed = Counter(
+            "cloud_ingest_frames_followed_total",
+            "Batch messages of the follow subscription (every frame, to advance the stream state), by "
+            "outcome: decoded, cached (already decoded), need_state (its base is not held), ignored (not "
+            "v3), invalid, dropped (follow queues full).",
+            ["outcome"],
+            registry=r,
+        )
+        self.stream_nodes = Gauge(
+            "cloud_ingest_stream_state_nodes",
+            "Nodes whose v3 stream states this replica holds (at most stream.max_nodes).",
+            registry=r,
+        )
+        self.stream_evictions = Counter(
+            "cloud_ingest_stream_state_evictions_total",
+            "Nodes whose stream states were forgotten to stay within stream.max_nodes (each costs a "
+            "need_state later).",
+            registry=r,
+        )
         self.fleet_collector = FleetCollector(self.fleet)
         r.register(self.fleet_collector)
         self.fleet.on_forget(self._forget)

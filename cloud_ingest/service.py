@@ -2,7 +2,10 @@
 
 Batches of one node always go to the same worker thread, so a node's batches are written in the
 order they arrived; different nodes are written in parallel. The ingester keeps no state that
-another replica would need: any replica can decode and write any batch.
+another replica would need: any replica can decode and write any v1/v2 batch. Wire format v3 delta
+frames need the node's stream state, which every replica of a share group keeps by following every
+frame (``cloud_ingest/follow.py``); a frame whose base is not held is acked ``need_state`` (the relay
+re-sends it self-contained), never dead-lettered nor counted as an outcome of the node.
 
 Fleet view (``cloud_ingest/fleet.py``): every replica keeps its own, from the retained status messages
 (not shared), the outcomes of the batches it handles, and the application acks of *all* replicas: it
@@ -32,6 +35,7 @@ from cloud_ingest.ack import Acker
 from cloud_ingest.deadletter import DeadLetterFull, DeadLetterStore
 from cloud_ingest.decode import Decoded, Refused, decode
 from cloud_ingest.fleet import Fleet
+from cloud_ingest.follow import Follower, StreamState, is_v3, replayable
 from cloud_ingest.isolate import isolate, joined
 from cloud_ingest.selfmetrics import IngestMetrics
 from cloud_ingest.settings import Settings
@@ -73,6 +77,15 @@ class Ingester:
             stop_event=self.stop_event,
             on_config_error=lambda status: self.metrics.config_errors.labels(str(status)).inc(),
         )
+        following = s.share_group is not None and s.follow
+        self.stream = StreamState(
+            s.limits,
+            max_nodes=s.stream_max_nodes,
+            keep=s.stream_keep_states,
+            wait_s=s.state_wait_seconds if following else 0.0,
+            metrics=self.metrics,
+        )
+        self.follower = Follower(self.stream, s.topic_prefix, threads=s.workers, metrics=self.metrics)
         self.subscriber = Subscriber(
             host=s.mqtt_host,
             port=s.mqtt_port,
@@ -90,6 +103,10 @@ class Ingester:
             username=s.username,
             password=s.password,
             tls=s.tls,
+            follow=following,
+            on_follow=self.follower.submit,
+            # Nothing to wait for when no follow copies come (refused, no subscription identifiers).
+            on_following=lambda on: setattr(self.stream, "wait_s", s.state_wait_seconds if on else 0.0),
         )
         self.acker = Acker(self.subscriber, s.topic_prefix)
         self._chained_on_subscribe = self.subscriber.client.on_subscribe
@@ -110,6 +127,7 @@ class Ingester:
     def start(self) -> None:
         for w in self.workers:
             w.start()
+        self.follower.start()
         self.subscriber.start()
 
     def stop(self) -> None:
@@ -119,6 +137,7 @@ class Ingester:
             q.put(None)
         for w in self.workers:
             w.join(30)
+        self.follower.stop()
         self.dead_letters.close()
 
     # --- subscribe --------------------------------------------------------------------------
@@ -162,7 +181,8 @@ class Ingester:
         self.fleet.observe_acks(
             cluster,
             node,
-            ok=[r.seq for r in ack.results if r.result != "rejected"],  # partial: finished too
+            # partial: finished too; need_state: not finished (the relay sends that seq again)
+            ok=[r.seq for r in ack.results if r.result in ("ok", "partial")],
             rejected=[r.seq for r in ack.results if r.result == "rejected"],
             incarnation=ack.incarnation,
         )
@@ -273,8 +293,11 @@ class Ingester:
                 prefix=s.topic_prefix,
                 limits=s.limits,
                 max_future_seconds=s.max_future_seconds,
+                decoder=self.stream.decode,
             )
         except Refused as r:
+            if r.reason == "need_state" and r.cluster is not None and r.node is not None and r.seq:
+                return self._need_state(message, r.cluster, r.node, r.seq, r.incarnation)
             return self._refuse(message, payload, r)
         batch = decoded.batch
         if decoded.identity_overridden:
@@ -342,9 +365,10 @@ class Ingester:
         result: codec.AckResultKind = "ok"
         if refused is not None:
             slug = "future_timestamp" if reasons[0].startswith("future_timestamp") else "receiver_rejected"
-            # Nothing written: the message as it came, else the refused samples as a batch of their own.
-            letter = payload if not written else self._letter(refused, payload)
+            # Nothing written: the message as it came (v3: as a v2 batch, replayable without the stream
+            # state), else the refused samples as a batch of their own.
             try:
+                letter = payload if not written and not is_v3(payload) else self._letter(refused, payload)
                 self.dead_letters.put(
                     message.topic, letter, reason, cluster=decoded.cluster, node=decoded.node, seq=batch.seq
                 )
@@ -395,11 +419,13 @@ class Ingester:
 
     def _letter(self, refused: Batch, payload: bytes) -> bytes:
         try:
-            return codec.encode_batch(refused, limits=self.settings.limits)
+            return codec.encode_batch(refused, limits=self.settings.limits, version=codec.FORMAT_V2)
         except codec.EncodeError as e:
             # Cannot happen for a part of a valid batch; if it does, keep the whole message (a replay
             # writes its other samples again, with the same values) rather than nothing.
             log.error("cannot encode the refused part of a batch (%s): dead-lettering the whole", e)
+            if is_v3(payload):  # no replay could decode a delta frame: the edge keeps it instead
+                raise DeadLetterFull("the refused part of a v3 frame cannot be kept as a v2 batch") from e
             return payload
 
     def _refuse(self, message: mqtt.MQTTMessage, payload: bytes, r: Refused) -> str:
@@ -407,11 +433,14 @@ class Ingester:
         self.metrics.refused.labels(r.reason).inc()
         self.metrics.dead_letters.labels(r.reason).inc()
         self._log_once(r.node, r.reason, f"refused batch on {message.topic}: {r}")
-        if self.dead_letters.keep_refused(r.node, r.reason):
+        # A v3 frame refused after decoding is kept as the v2 batch it decoded to (its samples may be
+        # replayable later: future timestamps); one refused by the codec as it came (only diagnosable).
+        letter = replayable(payload, r.batch, self.settings.limits) if r.batch is not None else payload
+        if letter is not None and self.dead_letters.keep_refused(r.node, r.reason):
             # The reason starts with its slug once (a DecodeError's text already does).
             text = str(r) if str(r).startswith(f"{r.reason}:") else f"{r.reason}: {r}"
             try:
-                self.dead_letters.put(message.topic, payload, text, cluster=r.cluster, node=r.node, seq=r.seq)
+                self.dead_letters.put(message.topic, letter, text, cluster=r.cluster, node=r.node, seq=r.seq)
             except DeadLetterFull as e:
                 # Only counted: an invalid payload would be refused again, and the edge records
                 # the batch in its loss ledger when the "rejected" ack arrives.
@@ -429,6 +458,15 @@ class Ingester:
             self.acker.release(message)
         self.metrics.messages.labels("refused").inc()
         return "refused"
+
+    def _need_state(self, message: mqtt.MQTTMessage, cluster: str, node: str, seq: int, inc: int) -> str:
+        """A v3 delta frame whose base state this replica does not hold (``StreamState.decode``
+        already waited for the follow path): ack ``need_state``, so the relay re-sends the seq
+        self-contained. Not dead-lettered, not an outcome of the node in the fleet view."""
+        self._ack(message, cluster, node, seq, "need_state", incarnation=inc)
+        self.metrics.need_state.inc()
+        self.metrics.messages.labels("need_state").inc()
+        return "need_state"
 
     def _ack(
         self,

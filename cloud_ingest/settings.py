@@ -41,6 +41,10 @@ class Settings:
     receive_maximum: int
     reconnect_min_seconds: float
     reconnect_max_seconds: float
+    follow: bool  # mqtt.follow: with a share group, follow every node's v3 frames (cloud_ingest/follow.py)
+    stream_max_nodes: int
+    stream_keep_states: int
+    state_wait_seconds: float
     remote_write_url: str
     remote_write_timeout_seconds: float
     remote_write_headers: dict[str, str]
@@ -95,6 +99,10 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         receive_maximum=mqtt["receive_maximum"],
         reconnect_min_seconds=float(mqtt["reconnect_min_seconds"]),
         reconnect_max_seconds=float(mqtt["reconnect_max_seconds"]),
+        follow=bool(mqtt["follow"]),
+        stream_max_nodes=int(raw["stream"]["max_nodes"]),
+        stream_keep_states=int(raw["stream"]["keep_states"]),
+        state_wait_seconds=float(raw["stream"]["state_wait_seconds"]),
         remote_write_url=rw["url"],
         remote_write_timeout_seconds=float(rw["timeout_seconds"]),
         remote_write_headers=dict(rw["headers"]),

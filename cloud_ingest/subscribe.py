@@ -11,6 +11,15 @@ keeps paho's network thread waiting, so nothing more is read from the socket (TC
 to the broker). A broker that honours Receive Maximum never makes it wait; mosquitto 2.0.11 was seen
 releasing 64 more messages per PUBACK. QoS 0 batches, which no flow control covers at all, are
 refused by the service before they take a place.
+
+Following (wire format v3, ``cloud_ingest/follow.py``): with a share group and ``follow``, the batches
+are also subscribed without ``$share`` (QoS 0: a lost follow copy costs a ``need_state``, nothing
+else, and none is queued while the replica is away). Every replica then gets two deliveries of each
+frame it is handed; MQTT 5 subscription identifiers tell them apart (``SHARED_ID`` on the shared
+batch and status subscription, ``FOLLOW_ID`` on the follow one; mosquitto 2 supports them). Follow
+copies go to ``on_follow`` before anything else sees them: they take no place in ``Admission`` and
+are not QoS 0 batches to refuse. The follow subscription is sent first, in its own SUBSCRIBE packet
+(a packet carries one identifier), so it is live once the status subscription delivers.
 """
 
 from __future__ import annotations
@@ -31,6 +40,9 @@ from schemas import topics
 log = logging.getLogger("cloud_ingest.subscribe")
 
 MessageHandler = Callable[[mqtt.MQTTMessage], None]
+
+SHARED_ID = 1  # subscription identifier of the batch (shared, or plain without a group) + status filters
+FOLLOW_ID = 2  # ... of the follow filter
 
 
 class Admission:
@@ -105,11 +117,21 @@ class Subscriber:
         username: str | None = None,
         password: str | None = None,
         tls: Any = None,
+        follow: bool = False,
+        on_follow: MessageHandler | None = None,
+        on_following: Callable[[bool], None] = lambda following: None,
     ) -> None:
         self.host, self.port = host, port
         self.keepalive_seconds = keepalive_seconds
         self.batch_filter = topics.batch_subscription(prefix, share_group)
         self.status_filter = topics.status_subscription(prefix)
+        # Only a shared batch subscription has a twin to follow; without a group it *is* that filter.
+        grouped = share_group is not None
+        self.follow_filter = topics.batch_subscription(prefix) if grouped and follow else None
+        self.unfollow_filter = topics.batch_subscription(prefix) if grouped and not follow else None
+        self.on_follow, self.on_following = on_follow, on_following
+        self.following = False  # follow subscription requested (and not refused) on this connection
+        self._follow_mid: int | None = None
         self.on_batch, self.on_status, self.on_connection = on_batch, on_status, on_connection
         self.session_expiry_seconds = session_expiry_seconds
         self.receive_maximum = receive_maximum
@@ -129,6 +151,7 @@ class Subscriber:
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
         self.connected = threading.Event()
 
     def start(self) -> None:
@@ -165,9 +188,45 @@ class Subscriber:
             flags.session_present,
             self.batch_filter,
         )
-        client.subscribe([(self.batch_filter, 1), (self.status_filter, 1)])
+        self._subscribe_follow(client, properties)
+        props = Properties(PacketTypes.SUBSCRIBE)
+        props.SubscriptionIdentifier = SHARED_ID
+        client.subscribe([(self.batch_filter, 1), (self.status_filter, 1)], properties=props)
         self.connected.set()
         self.on_connection(True)
+
+    def _subscribe_follow(self, client: mqtt.Client, connack: Any) -> None:
+        self.following, self._follow_mid = False, None
+        if self.follow_filter is None:
+            if self.unfollow_filter is not None:
+                # A persistent session keeps the follow subscription of an earlier run that followed.
+                client.unsubscribe(self.unfollow_filter)
+        elif getattr(connack, "SubscriptionIdentifierAvailable", 1) == 0:
+            log.warning(
+                "the broker does not support subscription identifiers: not following %s (delta frames "
+                "of other replicas' turns will be acked need_state)",
+                self.follow_filter,
+            )
+            client.unsubscribe(self.follow_filter)
+        else:
+            props = Properties(PacketTypes.SUBSCRIBE)
+            props.SubscriptionIdentifier = FOLLOW_ID
+            _, self._follow_mid = client.subscribe(self.follow_filter, qos=0, properties=props)
+            self.following = True
+        self.on_following(self.following)
+
+    def _on_subscribe(
+        self, client: mqtt.Client, userdata: Any, mid: int, reason_codes: Any, properties: Any
+    ) -> None:
+        if mid == self._follow_mid and any(rc.is_failure for rc in reason_codes):
+            log.warning(
+                "the broker refused the follow subscription %s (%s): delta frames of other replicas' "
+                "turns will be acked need_state; give the ingester read access to the batch topics",
+                self.follow_filter,
+                reason_codes[0],
+            )
+            self.following = False
+            self.on_following(False)
 
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any, properties: Any
@@ -183,4 +242,9 @@ class Subscriber:
             finally:
                 self.puback(message)
             return
+        if self.on_follow is not None:
+            ids = getattr(getattr(message, "properties", None), "SubscriptionIdentifier", None) or ()
+            if FOLLOW_ID in ids and SHARED_ID not in ids:
+                self.on_follow(message)  # QoS 0: nothing to PUBACK
+                return
         self.on_batch(message)

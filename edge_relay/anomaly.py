@@ -1,19 +1,21 @@
 """Anomaly detection on the raw scrapes, and the full-resolution windows a detection opens.
 
-Runs per GPU on every cycle's scrapes after ``TargetShaper`` and before ``BudgetRuntime.shape`` (the
-same scrapes the flight recorder keeps). Measured choice (``docs/anomaly-detection.md``): the preset's
-**rules** (any increase of XID / ECC / remapped-row / throttle-reason counters; temperature, power or
-memory over a threshold or rising faster than a slope) or-ed with an **EWMA z-score** over the GPU's
-signals. Standard library only: the sidecar core must not need river or scikit-learn.
+Runs per GPU, and per node, on every cycle's scrapes after ``TargetShaper`` and before
+``BudgetRuntime.shape`` (the same scrapes the flight recorder keeps). Measured choice
+(``docs/anomaly-detection.md``): the preset's **rules** (any increase of XID / ECC / remapped-row /
+throttle-reason counters; temperature, power or memory over a threshold or rising faster than a slope)
+or-ed with an **EWMA z-score** over the GPU's signals. Standard library only: the sidecar core must not
+need river or scikit-learn. What a scrape says about a GPU (the vendors' tables, ``take``, the score)
+is ``edge_relay.anomaly_signals``; the node's own detector (node-exporter and Kepler's node power:
+temperature, available memory, memory stalls, power; the same score) is ``edge_relay.anomaly_node``,
+keyed ``node`` (``NODE_KEY``) where a GPU's key is ``vendor:label``.
 
-Series are grouped by the vendor's GPU label: dcgm-exporter ``gpu`` (Kepler's ``kepler_*gpu*{gpu}``
-joins the same GPU), AMD ``gpu_id``, Intel ``hw_id`` (or ``device_id``), Jetson one GPU (``0``).
-
-On a detection the caller (``Relay``) gets an ``Event``; this module keeps the GPU's window open until
-``post_seconds`` after its last detection and exposes ``override``: the label sets of the windowed GPUs'
-series, which ``BudgetShaper`` passes at full resolution (its cost per sample is unchanged for every
-other series: one test of an empty set). The past part (``pre_seconds`` before the event) comes from
-the flight recorder (``match`` gives the GPU's series): ``PastParts`` spools it through the sink at
+On a detection the caller (``Relay``) gets an ``Event``; this module keeps the GPU's (or the node's)
+window open until ``post_seconds`` after its last detection and exposes ``override``: the label sets of
+the windowed GPUs' series (the node's: its ``node_*`` / ``kepler_node_*`` series, not the GPUs'), which
+``BudgetShaper`` passes at full resolution (its cost per sample is unchanged for every other series:
+one test of an empty set). The past part (``pre_seconds`` before the event) comes from the flight
+recorder (``match`` gives the GPU's or the node's series): ``PastParts`` spools it through the sink at
 ``reserved_share`` of the allowed rate. Per scraped sample the detector costs ~0.2 us (a cached label
 set -> GPU lookup; the simulator's 1,400 series in ~0.2 ms a cycle).
 """
@@ -23,63 +25,39 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from edge_relay.anomaly_node import (
+    NODE_KEY,
+    SIGNAL_METRICS,
+    NodeConfig,
+    NodeState,
+    is_node_series,
+    node_score_threshold,
+    parse_node_config,
+)
+from edge_relay.anomaly_signals import (
+    DEFAULT_THRESHOLDS,
+    KEPLER_POD,
+    PRESET_VENDOR,
+    SCORE_DEBOUNCE,
+    THRESHOLD_KEYS,
+    VENDORS,
+    Ewma,
+    Thresholds,
+    gpu_key,
+    take,
+    vendor_of,
+)
 from relay_common.config import ConfigError
 from schemas.model import Labels, metric_name
 
 log = logging.getLogger("edge_relay.anomaly")
 
-VENDORS: Final = ("dcgm", "amd", "intel", "jetson")
-# Which budget class presets say which GPU exporter is scraped (the default `presets`).
-_PRESET_VENDOR: Final = {
-    "dcgm": "dcgm",
-    "dcgm-critical": "dcgm",
-    "amd": "amd",
-    "amd-critical": "amd",
-    "intel": "intel",
-    "intel-critical": "intel",
-    "jetson": "jetson",
-    "jetson-critical": "jetson",
-    "kepler-gpu": "dcgm",  # Kepler reads GPUs through NVML: an NVIDIA node
-}
-# Throttle reasons that are faults: SW power cap 0x4, HW slowdown 0x8, SW / HW thermal 0x20 / 0x40,
-# power brake 0x80 (idle, application clocks and sync boost are ordinary).
-THROTTLE_MASK: Final = 0xEC
-SIGNALS: Final = ("util", "power", "temp", "mem_temp", "fb", "clock", "w_per_util")
-# z-score floors (the bench's): a flat signal's near-zero spread must not turn noise into alarms.
-FLOORS: Final = {"util": 3.0, "power": 5.0, "temp": 1.0, "mem_temp": 1.0, "fb": 256.0, "clock": 20.0,
-                 "w_per_util": 0.2}  # fmt: skip
-EWMA_ALPHA: Final = 0.016  # half-life ~43 scrapes
-EWMA_WARMUP: Final = 24  # scrapes before the score counts
-SCORE_DEBOUNCE: Final = 2  # scrapes in a row over the threshold
 MAX_GPUS: Final = 64  # per node: label churn must not grow the state without bound
-
-
-@dataclass(frozen=True, slots=True)
-class Thresholds:
-    """One vendor's limits; ``None``: that rule is off (the exporter has no such field)."""
-
-    gpu_temp_c: float
-    memory_temp_c: float | None
-    power_fraction: float  # of the limit (served, else ``power_limit``)
-    power_limit: float | None  # the exporter's unit (W; Jetson mW); None: only a served limit
-    memory_fraction: float  # of the total memory
-    temp_slope_c: float  # rise within ``slope_seconds`` that fires
-    slope_seconds: float
-
-
-DEFAULT_THRESHOLDS: Final = {
-    "dcgm": Thresholds(85.0, 92.0, 0.97, 300.0, 0.95, 4.5, 15.0),  # A100 PCIe: the bench's rules:all
-    "amd": Thresholds(95.0, 90.0, 0.97, 750.0, 0.95, 4.5, 15.0),  # MI300X
-    "intel": Thresholds(90.0, None, 0.97, None, 0.95, 4.5, 15.0),  # Flex 170: limit configured
-    "jetson": Thresholds(90.0, None, 0.95, 15000.0, 0.95, 4.5, 15.0),  # Orin Nano 8GB, 15 W mode
-}
-_THRESHOLD_KEYS: Final = tuple(Thresholds.__dataclass_fields__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +73,7 @@ class AnomalyConfig:
     reserved_share: float = 0.2
     max_windows: int = 4
     thresholds: Mapping[str, Thresholds] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
+    node: NodeConfig = field(default_factory=NodeConfig)  # the node's own detector (anomaly.node)
 
 
 def _error(source: str, key: str, message: str) -> ConfigError:
@@ -108,7 +87,7 @@ def parse_config(
     then runs no detection at all, exactly as before it existed)."""
     if raw is None:
         return None
-    vendors = sorted({_PRESET_VENDOR[p] for p in class_presets if p in _PRESET_VENDOR}, key=VENDORS.index)
+    vendors = sorted({PRESET_VENDOR[p] for p in class_presets if p in PRESET_VENDOR}, key=VENDORS.index)
     presets = tuple(raw.get("presets") or vendors or VENDORS)
     pre, post = float(raw.get("pre_seconds", 120)), float(raw.get("post_seconds", 300))
     if pre + post <= 0:
@@ -119,7 +98,7 @@ def parse_config(
     overrides = raw.get("thresholds", {})
     thresholds: dict[str, Thresholds] = {}
     for vendor, base in DEFAULT_THRESHOLDS.items():
-        values = {k: getattr(base, k) for k in _THRESHOLD_KEYS}
+        values = {k: getattr(base, k) for k in THRESHOLD_KEYS}
         for k, v in overrides.items():
             values[k] = None if v is None else float(v)
         for k in ("power_fraction", "memory_fraction"):
@@ -142,95 +121,35 @@ def parse_config(
         reserved_share=share,
         max_windows=int(raw.get("max_windows", 4)),
         thresholds=thresholds,
+        node=parse_node_config(raw.get("node"), lambda key, message: _error(source, key, message)),
     )
 
 
-# --- what a scrape says about a GPU ----------------------------------------------------------------
-
-# (vendor, metric name) -> signal. Counters / codes are handled by ``_counter_kind``.
-_DCGM: Final = {
-    "DCGM_FI_DEV_GPU_TEMP": "temp",
-    "DCGM_FI_DEV_MEMORY_TEMP": "mem_temp",
-    "DCGM_FI_DEV_POWER_USAGE": "power",
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": "power_limit",
-    "DCGM_FI_DEV_FB_USED": "fb",
-    "DCGM_FI_DEV_FB_FREE": "fb_free",
-    "DCGM_FI_DEV_FB_RESERVED": "fb_reserved",
-    "DCGM_FI_DEV_GPU_UTIL": "util",
-    "DCGM_FI_DEV_SM_CLOCK": "clock",
-}
-# Counters whose any increase is an event: metric -> (kind, rule).
-_DCGM_COUNTERS: Final = {
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("remap", "remapped_rows"),
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("remap", "remapped_rows"),
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("ecc", "ecc_sbe"),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("ecc", "ecc_dbe"),
-    "DCGM_FI_DEV_RETIRED_SBE": ("ecc", "retired_sbe"),
-    "DCGM_FI_DEV_RETIRED_DBE": ("ecc", "retired_dbe"),
-    "DCGM_FI_DEV_POWER_VIOLATION": ("power", "power_violation"),
-    "DCGM_FI_DEV_THERMAL_VIOLATION": ("thermal", "thermal_violation"),
-}
-_AMD: Final = {
-    "gpu_junction_temperature": "temp",
-    "gpu_memory_temperature": "mem_temp",
-    "gpu_package_power": "power",
-    "gpu_used_vram": "fb",
-    "gpu_total_vram": "fb_total",
-    "gpu_gfx_activity": "util",
-}
-_AMD_COUNTERS: Final = {
-    "gpu_ecc_uncorrect_total": ("ecc", "ecc_uncorrect"),
-    "gpu_ecc_correct_total": ("ecc", "ecc_correct"),
-    "gpu_ecc_deferred_total": ("ecc", "ecc_deferred"),
-}
-_INTEL: Final = {
-    "hw_power_watts": "power",
-    "hw_memory_usage_bytes": "fb",
-    "hw_memory_size_bytes": "fb_total",
-}
+def gpu_label(key: str) -> str:
+    """A detector's key as the metrics' ``gpu`` label: the GPU's (``dcgm:1`` -> ``1``), ``node``."""
+    return key.partition(":")[2] or key
 
 
 @dataclass(slots=True)
 class Event:
-    """One detection: on which GPU, why, and the window it opens."""
+    """One detection: on which GPU (or the node), why, and the window it opens."""
 
-    gpu: str  # vendor:key, e.g. dcgm:1
+    gpu: str  # vendor:key, e.g. dcgm:1; the node's detector: "node" (NODE_KEY)
     kind: str  # thermal | power | memory | xid | ecc | remap | throttle | score
-    rule: str  # e.g. gpu_temp>=85, temp_slope, xid=94, throttle=0x20, ewma>8.4
+    rule: str  # e.g. gpu_temp>=85, temp_slope, xid=94, throttle=0x20, ewma>8.4, node_temp_slope
     at_ms: int
     score: float
     window_end_ms: int
     opened: bool = True  # False: max_windows were open, no window for this one
     missing: str = ""  # what the recorder could not supply for the past part (set by the relay)
 
+    @property
+    def scope(self) -> str:
+        """``node`` for the node's detector, ``gpu`` for a GPU's."""
+        return "node" if self.gpu == NODE_KEY else "gpu"
+
     def describe(self) -> str:
         return f"gpu={self.gpu} kind={self.kind} rule={self.rule} at_ms={self.at_ms}"
-
-
-class _Ewma:
-    __slots__ = ("mean", "n", "var")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.mean: dict[str, float] = {}
-        self.var: dict[str, float] = {}
-
-    def score(self, x: Mapping[str, float]) -> float:
-        z, a = 0.0, EWMA_ALPHA
-        for s in SIGNALS:
-            v = x.get(s)
-            if v is None or v != v:
-                continue
-            if s not in self.mean:
-                self.mean[s], self.var[s] = v, 0.0
-                continue
-            d = v - self.mean[s]
-            if self.n >= EWMA_WARMUP:
-                z = max(z, abs(d) / math.sqrt(self.var[s] + FLOORS[s] ** 2))
-            self.mean[s] += a * d
-            self.var[s] = (1 - a) * (self.var[s] + a * d * d)
-        self.n += 1
-        return z
 
 
 class _Gpu:
@@ -244,8 +163,8 @@ class _Gpu:
         self.prev_xid = 0.0
         self.prev_status: dict[Labels, float] = {}
         self.hist: deque[tuple[int, float, float]] = deque(maxlen=32)  # (ts, temp, fb)
-        self.hot = self.capped = self.over_score = 0
-        self.ewma = _Ewma()
+        self.hot = self.capped = self.over_score = self.violating = 0
+        self.ewma = Ewma()
         self.score = 0.0
         self.series: set[Labels] = set()
         self.window_end_ms = 0  # full resolution until then (0: no window)
@@ -267,6 +186,11 @@ class _Gpu:
         )
         if self.capped >= 3:
             fired.append(("power", f"power>={th.power_fraction:g}xlimit"))
+        # AMD: the share of time the GPU was held back (PPT, socket / HBM / VR thermal), for 3 scrapes.
+        violation = x.get("violation")
+        self.violating = self.violating + 1 if (violation is not None and violation >= 10) else 0
+        if self.violating >= 3:
+            fired.append(("throttle", "violation_residency>=10%"))
         total = x.get("fb_total")
         if total is None and fb is not None and "fb_free" in x:
             total = fb + x["fb_free"] + x.get("fb_reserved", 0.0)
@@ -298,41 +222,8 @@ class _Gpu:
                 fired.append(("score", f"ewma>{cfg.score_threshold:g}"))
 
 
-def _gpu_key(vendor: str, labels: Labels) -> str | None:
-    want = {"dcgm": ("gpu",), "amd": ("gpu_id",), "intel": ("hw_id", "device_id")}.get(vendor)
-    if want is None:
-        return "0"  # Jetson: one integrated GPU
-    have = dict(labels)
-    for k in want:
-        v = have.get(k)
-        if v:
-            return v
-    return None
-
-
-def _vendor_of(name: str) -> str | None:
-    if name.startswith("DCGM_FI_"):
-        return "dcgm"
-    if name.startswith("kepler_") and "_gpu_" in name:
-        return "dcgm"  # Kepler's GPU series carry dcgm's (NVML's) index in `gpu`
-    bare = name[4:] if name.startswith("amd_gpu_") else name
-    if bare.startswith(("gpu_", "pcie_", "xgmi_")) and bare.islower() and not name.endswith("_Hz"):
-        return "amd"
-    if name.startswith("hw_") or name.startswith("xpum_"):
-        return "intel"
-    if name in (
-        "temperature_C",
-        "integrated_power_mW",
-        "ram_kB",
-        "gpuram_kB",
-        "gpu_utilization_percentage_Hz",
-    ):
-        return "jetson"
-    return None
-
-
-_KEPLER_POD: Final = re.compile(r"kepler_(pod|container|process)_gpu_\w+")
 _POD: Final = "~pod"  # the label-set cache's mark for those
+_NODE_HELD: Final = "~node"  # a node series no node signal reads: only its window holds it
 
 
 def _pod_series(windowed: Sequence[_Gpu], kepler: Sequence[Labels]) -> None:
@@ -368,7 +259,8 @@ def _pod_series(windowed: Sequence[_Gpu], kepler: Sequence[Labels]) -> None:
 
 
 class Detector:
-    """Per-GPU rules and score over each cycle's raw scrapes; the open windows and their override."""
+    """Per-GPU (and per-node) rules and score over each cycle's raw scrapes; the open windows and their
+    override."""
 
     def __init__(self, cfg: AnomalyConfig, interval_s: float) -> None:
         self.cfg = cfg
@@ -379,15 +271,18 @@ class Detector:
         self.last_event: Event | None = None
         self.override: frozenset[Labels] = frozenset()  # series at full resolution now
         self._keys: dict[Labels, str | None] = {}  # label set -> its GPU ("vendor:key"), None: no GPU's
+        self._node: NodeState | None = NodeState(cfg.node) if cfg.node.enabled else None
 
     def _gpu_of(self, labels: Labels) -> str | None:
         name = metric_name(labels)
-        if "dcgm" in self._vendors and _KEPLER_POD.fullmatch(name):
+        if self._node is not None and is_node_series(name):
+            return NODE_KEY if name in SIGNAL_METRICS else _NODE_HELD
+        if "dcgm" in self._vendors and KEPLER_POD.fullmatch(name):
             return _POD  # a workload's GPU series: the GPU is found through dcgm's pod (_pod_series)
-        vendor = _vendor_of(name)
+        vendor = vendor_of(name)
         if vendor is None or vendor not in self._vendors:
             return None
-        key = _gpu_key(vendor, labels)
+        key = gpu_key(vendor, labels)
         return None if key is None else f"{vendor}:{key}"
 
     def set_config(self, cfg: AnomalyConfig) -> None:
@@ -396,25 +291,47 @@ class Detector:
         self._keys.clear()
         for g in self._gpus.values():
             g.th = cfg.thresholds[g.vendor]
+        if not cfg.node.enabled:
+            self._node = None
+        elif self._node is None:
+            self._node = NodeState(cfg.node)
+        else:
+            self._node.cfg = cfg.node  # its baseline and open window stay
 
     @property
     def gpus(self) -> Mapping[str, _Gpu]:
         return self._gpus
 
-    def active_windows(self, now_ms: int) -> list[str]:
+    @property
+    def node(self) -> NodeState | None:
+        """The node's detector (None: ``anomaly.node.enabled`` is false)."""
+        return self._node
+
+    def _units(self) -> list[_Gpu | NodeState]:
         # A copy: the uplink's thread reads this for the status message while the loop may add a GPU.
-        return [k for k, g in list(self._gpus.items()) if g.window_end_ms > now_ms]
+        units: list[_Gpu | NodeState] = list(self._gpus.values())
+        if self._node is not None:
+            units.append(self._node)
+        return units
+
+    def active_windows(self, now_ms: int) -> list[str]:
+        """The keys of the open windows: GPUs' (``vendor:key``) and the node's (``node``)."""
+        return [g.key for g in self._units() if g.window_end_ms > now_ms]
 
     def match(self, gpu: str) -> Callable[[Labels], bool]:
         """A recorder ``Match`` for the series of ``gpu`` (vendor:key): its own, and the workload series
-        its window holds now (Kepler's pod, container and process GPU series of the pod on it)."""
+        its window holds now (Kepler's pod, container and process GPU series of the pod on it). For
+        ``node``: the node-level series (``is_node_series``), never a GPU's."""
+        if gpu == NODE_KEY:
+            node_held = frozenset(self._node.series) if self._node is not None else frozenset()
+            return lambda labels: labels in node_held or is_node_series(metric_name(labels))
         vendor, _, key = gpu.partition(":")
         g = self._gpus.get(gpu)
         held = frozenset(g.series) if g is not None else frozenset()
 
         def match(labels: Labels) -> bool:
             return labels in held or (
-                _vendor_of(metric_name(labels)) == vendor and _gpu_key(vendor, labels) == key
+                vendor_of(metric_name(labels)) == vendor and gpu_key(vendor, labels) == key
             )
 
         return match
@@ -425,6 +342,8 @@ class Detector:
         fired: dict[str, list[tuple[str, str]]] = {}
         seen: dict[str, set[Labels]] = {}  # this cycle's series per GPU: what a window holds now
         pods: list[Labels] = []  # Kepler's pod / container / process GPU series
+        node, node_seen = self._node, set()
+        node_ts: int | None = None
         keys = self._keys
         if len(keys) > 200_000:  # series churn must not grow the cache without bound
             keys.clear()
@@ -442,6 +361,18 @@ class Detector:
                 if gid == _POD:
                     pods.append(labels)
                     continue
+                if gid == _NODE_HELD:
+                    node_seen.add(labels)
+                    continue
+                if gid == NODE_KEY:
+                    if node is not None:
+                        node_seen.add(labels)
+                        value = scrape.values[i]
+                        if value == value:
+                            ts = base if stamps is None else stamps[i]
+                            node_ts = ts if node_ts is None else node_ts
+                            node.take(metric_name(labels), labels, value, ts)
+                    continue
                 g = self._gpus.get(gid)
                 vendor = gid.partition(":")[0]
                 if g is None:
@@ -457,7 +388,7 @@ class Detector:
                     continue
                 ts = base if stamps is None else stamps[i]
                 _, x = per_gpu.setdefault(gid, (ts, {}))
-                self._take(g, vendor, metric_name(labels), labels, value, x, fired.setdefault(gid, []))
+                take(g, vendor, metric_name(labels), labels, value, x, fired.setdefault(gid, []))
         for gid, g in self._gpus.items():
             g.series = seen.get(gid, set())
         events: list[Event] = []
@@ -471,96 +402,24 @@ class Detector:
                 ev = self._open(g, out, now_ms, ts)
                 if ev is not None:
                     events.append(ev)
+        if node is not None:
+            node.series = node_seen
+            if node_ts is not None:
+                cfg = self.cfg
+                out = node.evaluate(cfg.score, node_score_threshold(cfg.node, cfg.score_threshold))
+                if out and cfg.enabled:
+                    ev = self._open(node, out, now_ms, node_ts)
+                    if ev is not None:
+                        events.append(ev)
         # By this cycle's scrape time, not the clock: a scrape taken at window_end is still in the window.
         cycle_ms = min((x.timestamp_ms for x in scrapes if len(x)), default=now_ms)
         windowed = [g for g in self._gpus.values() if g.window_end_ms >= cycle_ms and g.vendor == "dcgm"]
         if windowed and pods:
             _pod_series(windowed, pods)
-        self.override = frozenset(
-            s for g in self._gpus.values() if g.window_end_ms >= cycle_ms for s in g.series
-        )
+        self.override = frozenset(s for g in self._units() if g.window_end_ms >= cycle_ms for s in g.series)
         return events
 
-    def _take(
-        self, g: _Gpu, vendor: str, name: str, labels: Labels, value: float, x: dict[str, float],
-        fired: list[tuple[str, str]],
-    ) -> None:  # fmt: skip
-        if vendor == "dcgm":
-            if name == "kepler_node_gpu_watts":
-                x["kepler_watts"] = value
-                return
-            sig = _DCGM.get(name)
-            if sig is not None:
-                x[sig] = value
-                return
-            if name == "DCGM_FI_DEV_XID_ERRORS":
-                # Holds the last XID: any new non-zero value is an event.
-                if value and value != g.prev_xid:
-                    fired.append(("xid", f"xid={value:g}"))
-                g.prev_xid = value
-                return
-            if name in ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "DCGM_FI_DEV_CLOCKS_EVENT_REASONS"):
-                bits = int(value) & THROTTLE_MASK
-                if bits:
-                    fired.append(("throttle", f"throttle=0x{bits:x}"))
-                return
-            if name == "DCGM_FI_DEV_ROW_REMAP_FAILURE":
-                if value:
-                    fired.append(("remap", "row_remap_failure"))
-                return
-            counter = _DCGM_COUNTERS.get(name)
-        elif vendor == "amd":
-            bare = name[4:] if name.startswith("amd_") else name
-            sig = _AMD.get(bare)
-            if sig is not None:
-                x[sig] = value
-                return
-            counter = _AMD_COUNTERS.get(bare)
-        elif vendor == "intel":
-            have = dict(labels)
-            if name == "hw_temperature_celsius" and have.get("hw_sensor_location") == "gpu":
-                x["temp"] = value
-                return
-            if name == "hw_gpu_utilization_ratio":
-                x["util"] = value * 100
-                return
-            sig = _INTEL.get(name)
-            if sig is not None:
-                x[sig] = value
-                return
-            if name == "hw_status":
-                # Becoming 1: frequency throttled, temperature warning, reset needed.
-                prev = g.prev_status.get(labels, 0.0)
-                g.prev_status[labels] = value
-                if (
-                    value == 1
-                    and prev != 1
-                    and have.get("hw_state") in ("throttled", "warning", "reset_needed")
-                ):
-                    fired.append(("throttle", f"hw_status={have.get('hw_type', '')}:{have.get('hw_state')}"))
-                return
-            counter = ("ecc", "hw_errors") if name == "hw_errors_total" else None
-        else:  # jetson
-            stat = dict(labels).get("statistic", "")
-            if name == "temperature_C" and stat == "tj":
-                x["temp"] = value
-            elif name == "integrated_power_mW" and stat == "power":
-                x["power"] = value
-            elif name == "gpuram_kB" and stat in ("", "used"):
-                x["fb"] = value
-            elif name == "ram_kB" and stat == "total":
-                x["fb_total"] = value
-            elif name == "gpu_utilization_percentage_Hz":
-                x["clock"] = value
-            return
-        if counter is not None:
-            key = (name, labels)
-            prev = g.prev_counters.get(key)
-            g.prev_counters[key] = value
-            if prev is not None and value > prev:  # a reset (going down) is never an event
-                fired.append(counter)
-
-    def _open(self, g: _Gpu, fired: list[tuple[str, str]], now_ms: int, ts: int) -> Event | None:
+    def _open(self, g: _Gpu | NodeState, fired: list[tuple[str, str]], now_ms: int, ts: int) -> Event | None:
         """A detection on ``g``: opens its window (an event), or extends the open one (no new event: one
         incident fires its rules every scrape; the window's end moves, the count does not)."""
         cfg = self.cfg
@@ -589,10 +448,10 @@ class Detector:
 
 def status_fields(det: Detector, now_ms: int) -> dict[str, Any]:
     """The detector's part of the status message: flat scalars within the status codec's limits."""
-    out: dict[str, Any] = {
-        "anomaly_events": det.events_total,
-        "anomaly_windows": len(det.active_windows(now_ms)),
-    }
+    active = det.active_windows(now_ms)
+    out: dict[str, Any] = {"anomaly_events": det.events_total, "anomaly_windows": len(active)}
+    if active:
+        out["anomaly_open"] = ",".join(active)[:256]  # which: e.g. "dcgm:1,node"
     ev = det.last_event
     if ev is not None:
         out["anomaly_last_ms"] = ev.at_ms

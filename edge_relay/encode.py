@@ -26,6 +26,7 @@ from schemas.model import Batch, Labels, ScrapeBlock
 
 # The size check encodes with this seq: msgpack never writes a real seq in more bytes.
 WIDEST_SEQ = 2**62
+_VALID_MAX = 500_000  # label sets remembered as valid (at 20,000 series: 25 cycles of full churn)
 
 
 def to_batch(cluster: str, node: str, scrapes: Sequence[ShapedScrape]) -> Batch:
@@ -170,6 +171,8 @@ class BatchEncoder:
         self.incarnation = incarnation  # the spool's: every batch names the spool file it is stored in
         self._last_batch: Batch | None = None
         self._last_payload: bytes | None = None
+        # Label sets that passed the codec's checks: a cycle's series are mostly last cycle's.
+        self._valid: set[Labels] = set()
 
     def encode(self, batch: Batch, seq: int) -> bytes:
         batch.incarnation = self.incarnation
@@ -178,7 +181,10 @@ class BatchEncoder:
             batch.seq = seq
             return codec.with_seq(self._last_payload, seq)
         batch.seq = seq
-        payload = codec.encode_batch(batch, level=self.zstd_level, version=self.version)
+        payload = codec.encode_batch(batch, level=self.zstd_level, version=self.version, known=self._valid)
+        if len(self._valid) > _VALID_MAX:  # series churn must not grow it without bound
+            self._valid.clear()
+        self._valid.update(batch.labelsets)
         self._last_batch, self._last_payload = batch, payload
         return payload
 

@@ -3,11 +3,13 @@
 Stages in the order a sample passes them (one module each):
 ``scrape`` -> ``parse`` -> ``shape`` (target labels, ``up``, stale markers; with a budget file also
 ``budget.shaper``'s classes) -> ``encode`` -> ``spool`` (through ``sink``, and with a budget through
-``window``'s batch windows) -> ``uplink``. ``Relay`` builds each part once, before the parts that need
-it, and hands it over: the spool and the ledger first, the flight recorder (a table of the spool), then
-retention and the sink, the budget (shaper, controller, and the pacer it shares with the uplink), the
-window, the status report, the command inbox and the backfiller (``backfill``: backfill requests the
-uplink receives, answered from the recorder through the sink), and last the uplink.
+``window``'s batch windows) -> ``uplink`` (through ``stream``: v3 frames in publication order).
+``Relay`` builds each part once, before the parts that need it, and hands it over: the spool and the
+ledger first, the flight recorder (a table of the spool), then retention, the stream coder and the sink
+(which hands the coder the batches it spooled), the budget (shaper, controller, and the pacer it shares
+with the uplink), the window, the status report, the command inbox and the backfiller (``backfill``:
+backfill requests the uplink receives, answered from the recorder through the sink), and last the
+uplink.
 Data flows one way; no part calls back into ``Relay``.
 
 Scrapes run on a fixed grid of ``interval_seconds``; all targets of one tick are scraped in parallel
@@ -46,6 +48,7 @@ from edge_relay.shape import ShapedScrape, TargetShaper, fill_labels_for
 from edge_relay.sink import SpoolSink
 from edge_relay.spool import InFlight, SendQueue, Spool, SpoolError
 from edge_relay.status import StatusReport
+from edge_relay.stream import RecentBatches, StreamCoder
 from edge_relay.uplink import Uplink
 from edge_relay.window import BatchWindow
 from relay_common.httpserver import MetricsServer
@@ -158,6 +161,18 @@ class Relay:
             incarnation=self.spool.incarnation,
         )
         self.inflight = InFlight()
+        # What the sink spools, the uplink publishes stream-coded (edge_relay.stream); the sink hands
+        # it the batches it just spooled so that they need no decoding.
+        recent = RecentBatches()
+        self.stream = StreamCoder(
+            s.cluster,
+            s.node,
+            recent=recent,
+            metrics=self.metrics,
+            enabled=s.stream_enabled,
+            keyframe_every=s.stream_keyframe_every,
+            level=s.zstd_level,
+        )
         # Paces the uplink (unlimited unless a budget configures it) and meters its connection's bytes.
         self.pacer = Pacer(self.metrics)
         self.budget: BudgetRuntime | None = None
@@ -170,6 +185,7 @@ class Relay:
                 pacer=self.pacer,
                 meta=self.spool.meta,
                 metrics=self.metrics,
+                to_wire=self.stream.wire_bytes,
             )
         self.retention = Retention(
             self.spool,
@@ -184,7 +200,7 @@ class Relay:
             encoder=self.encoder,
             inflight=self.inflight,
         )
-        self.sink = SpoolSink(self.spool, self.retention, self.ledger, self.encoder, self.metrics)
+        self.sink = SpoolSink(self.spool, self.retention, self.ledger, self.encoder, self.metrics, recent)
         # Built with or without a budget: cycles staged under an earlier, windowed budget (before a
         # restart without one) must still be resumed and shipped, never left in staging for ever.
         self.window = BatchWindow(
@@ -229,6 +245,7 @@ class Relay:
             status=self.status,
             pacer=self.pacer,
             commands=self.commands,
+            stream=self.stream,
         )
         self.stop_event = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(self.loops)), thread_name_prefix="scrape")
@@ -241,14 +258,16 @@ class Relay:
         budget, window = self.budget, self.window
         if budget is not None and budget.windowed:
             window.window_ms = budget.window_ms  # a reload may have changed it
+            live, shaped = budget.split_live(shaped)
+            spooled = self._append_cycle(live) if live else 0
             try:
-                spooled, packed = window.add(shaped)
+                staged, packed = window.add(shaped)
                 packed += window.close_if_due(int(time.time() * 1000))
             except SpoolError as e:
                 log.error("cannot stage this cycle: %s", e)
-                return 0
+                return spooled
             budget.produced(packed)
-            return spooled
+            return spooled + staged
         if window.open:
             # Staged under a windowed budget no longer in force (a restart without a budget, a window
             # reloaded down to one interval): pack them now, before this cycle, so they go out first.
@@ -259,13 +278,17 @@ class Relay:
             else:
                 if budget is not None:
                     budget.produced(packed)
+        return self._append_cycle(shaped)
+
+    def _append_cycle(self, shaped: list[ShapedScrape]) -> int:
+        """Scrapes as batches of their own (the live lane): published at once. Returns the samples."""
         spooled = 0
         for batch in self._build(shaped):
             size = self.sink.append(batch)
             if size is not None:
                 spooled += batch.sample_count
-                if budget is not None:
-                    budget.produced(size)
+                if self.budget is not None:
+                    self.budget.produced(size)
         return spooled
 
     def _build(self, shaped: list[ShapedScrape]) -> list[Batch]:

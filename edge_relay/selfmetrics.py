@@ -96,6 +96,24 @@ class RelayMetrics:
         self.publish_bytes = Counter(
             "edge_relay_publish_payload_bytes_total", "MQTT payload bytes of published batches.", registry=r
         )
+        self.stream_frames = Counter(
+            "edge_relay_stream_frames_total",
+            "Publications by coding: delta and key frames of the v3 stream, or the spooled batch as it is "
+            "(self-contained: after need_state, with stream coding off or paused).",
+            ["kind"],
+            registry=r,
+        )
+        self.stream_need_state = Counter(
+            "edge_relay_stream_need_state_total",
+            "Acks need_state: an ingester lacked the state a frame was coded against (the batch is "
+            "published again self-contained).",
+            registry=r,
+        )
+        self.stream_enabled = Gauge(
+            "edge_relay_stream_enabled",
+            "1 while publications are stream-coded (0: off, or paused after an ingester refused v3).",
+            registry=r,
+        )
         self.acked = Counter(
             "edge_relay_batches_acked_total",
             "Application acks from the cloud by result.",
@@ -242,20 +260,23 @@ class RelayMetrics:
         # Anomaly detection (edge_relay.anomaly), with a budget file's `anomaly` section only.
         self.anomaly_score = Gauge(
             "edge_relay_anomaly_score",
-            "The GPU's EWMA z-score over its signals this scrape (max over signals; dimensionless).",
+            "The GPU's EWMA z-score over its signals this scrape (max over signals; dimensionless); "
+            'gpu="node", vendor="node": the node\'s own detector.',
             ["gpu", "vendor"],
             registry=r,
         )
         self.anomaly_events = Counter(
             "edge_relay_anomaly_events_total",
-            "Anomaly events (onsets: a detection that opens a window, or would with fewer open), by GPU, "
+            "Anomaly events (onsets: a detection that opens a window, or would with fewer open), by GPU "
+            '(gpu="node": the node\'s detector), '
             "kind (thermal, power, memory, xid, ecc, remap, throttle, score) and the rule that fired.",
             ["gpu", "kind", "rule"],
             registry=r,
         )
         self.anomaly_window_active = Gauge(
             "edge_relay_anomaly_window_active",
-            "1 while the GPU's series go at full resolution because of an anomaly window.",
+            "1 while the GPU's series go at full resolution because of an anomaly window "
+            '(gpu="node": the node-level series).',
             ["gpu"],
             registry=r,
         )

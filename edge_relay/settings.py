@@ -89,6 +89,9 @@ class Settings:
     recorder_max_bytes: int = 0
     recorder_max_age_seconds: float = 0.0
     recorder_block_seconds: float = 60.0
+    # Stream coding at publication (edge_relay.stream): wire format v3 frames.
+    stream_enabled: bool = False
+    stream_keyframe_every: int = 360
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
 
 
@@ -151,6 +154,18 @@ def _target(
         labels=labels,
         metric_relabel=global_rules + own_rules,
     )
+
+
+RECORDER_DEFAULT_BYTES = 256 << 20
+
+
+def _recorder_bytes(raw: dict[str, Any]) -> int:
+    """``recorder.max_bytes``; unset: on (256 MiB) with a budget file, off without one (what the
+    budget does not send is what the recorder is for)."""
+    value = raw["recorder"]["max_bytes"]
+    if value is not None:
+        return int(value)
+    return RECORDER_DEFAULT_BYTES if raw["budget_file"] else 0
 
 
 def _beside(source: str, path: str) -> str:
@@ -234,8 +249,10 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         ),
         metrics_listen=raw["metrics"]["listen"],
         budget_file=_beside(source, raw["budget_file"]),
-        recorder_max_bytes=raw["recorder"]["max_bytes"],
+        recorder_max_bytes=_recorder_bytes(raw),
         recorder_max_age_seconds=float(raw["recorder"]["max_age_seconds"]),
         recorder_block_seconds=float(raw["recorder"]["block_seconds"]),
+        stream_enabled=raw["stream"]["enabled"],
+        stream_keyframe_every=raw["stream"]["keyframe_every"],
         raw=raw,
     )

@@ -21,6 +21,7 @@ from edge_relay.ledger import LossLedger, LossReason
 from edge_relay.retention import Retention, describe
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.spool import Replacement, Spool, SpoolError, SpoolFullError
+from edge_relay.stream import RecentBatches
 from schemas.model import Batch
 
 log = logging.getLogger("edge_relay")
@@ -36,7 +37,9 @@ class SpoolSink:
         ledger: LossLedger,
         encoder: BatchEncoder,
         metrics: RelayMetrics,
+        recent: RecentBatches | None = None,
     ) -> None:
+        self._recent = recent  # the uplink stream-codes these without decoding their rows
         self._spool = spool
         self._retention = retention
         self._ledger = ledger
@@ -63,6 +66,8 @@ class SpoolSink:
     def _spooled(self, batches: Sequence[Batch], nbytes: int) -> None:
         self._metrics.batch_bytes.inc(nbytes)
         for b in batches:
+            if self._recent is not None:
+                self._recent.put(b)
             self._metrics.batches_spooled.inc()
             self._metrics.samples_spooled.inc(b.sample_count)
 

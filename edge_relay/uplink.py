@@ -44,6 +44,7 @@ from edge_relay.retention import describe_row
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
 from edge_relay.spool import InFlight, SendQueue, SpoolError
+from edge_relay.stream import Prepared, StreamCoder
 from relay_common.backoff import Backoff
 from relay_common.mqtt_tls import tls_configure
 from schemas import codec, topics
@@ -55,6 +56,9 @@ log = logging.getLogger("edge_relay.uplink")
 # CONNACK codes that mean "this broker does not speak the protocol version you asked for".
 _UNSUPPORTED_VERSION = {1, 132}
 _PUMP_EVERY_S = 1.0
+# After a reconnect with the session present: how long acks of batches in flight may take to come
+# (the ingester's acks queued at the broker arrive right after the reconnect) before they go again.
+_RECONNECT_ACK_WAIT_S = 10.0
 # How long one network-loop turn may block in select(): short while batches are in flight (acks are
 # processed as they come either way, this is about noticing new spool rows and pacing), longer when
 # idle, so an idle relay wakes 4 times a second instead of 20 (an edge CPU is not free).
@@ -69,23 +73,40 @@ class AppliedAck:
     refused: list[tuple[AckResult, LossRecord]] = field(default_factory=list)  # rows refused, as ledgered
 
 
-def apply_ack(queue: SendQueue, inflight: InFlight, ack: codec.Ack, now: float) -> AppliedAck:
+def apply_ack(
+    queue: SendQueue, inflight: InFlight, ack: codec.Ack, now: float, stream: StreamCoder | None = None
+) -> AppliedAck:
     """What one ack does to the spool: ``ok`` deletes the row; ``rejected`` deletes it together with
     its loss ledger entry (retrying would only loop; deleting silently would lose data without a
     trace), ``partial`` too, with the count of samples the cloud refused (it wrote the others); an ack
-    of another spool incarnation does nothing at all. Every acked seq leaves the in-flight set. Raises
-    SpoolError when the spool cannot apply it (the rows stay; the batches are published again and
-    acked again)."""
+    of another spool incarnation does nothing at all. With stream coding (``stream``): ``need_state``,
+    and ``rejected`` for a v3 frame, keep the row, to be published again self-contained. Every acked
+    seq leaves the in-flight set. Raises SpoolError when the spool cannot apply it (the rows stay; the
+    batches are published again and acked again)."""
     if not queue.applies(ack.incarnation):
         return AppliedAck(ignored=True)
     latencies: list[float] = []
+    final: list[AckResult] = []  # the results that finish their row
     for result in ack.results:
         sent = inflight.pop(result.seq)
+        if result.result == "need_state":
+            if stream is not None:
+                stream.need_state(result.seq)
+            continue
         if sent is not None:
             latencies.append(now - sent)
-    queue.acked([r.seq for r in ack.results if r.result == "ok"])
+        if (
+            result.result == "rejected"
+            and stream is not None
+            and stream.rejected(result.seq, result.reason or "")
+        ):
+            continue
+        if stream is not None:
+            stream.done(result.seq)
+        final.append(result)
+    queue.acked([r.seq for r in final if r.result == "ok"])
     refused: list[tuple[AckResult, LossRecord]] = []
-    for result in ack.results:
+    for result in final:
         if result.result != "ok":
             count = result.refused if result.result == "partial" else None
             loss = queue.refused(result.seq, describe_row, samples=count)
@@ -113,9 +134,11 @@ class Uplink:
         status: StatusSource,
         pacer: Pacer | None = None,
         commands: CommandInbox | None = None,
+        stream: StreamCoder | None = None,
     ) -> None:
         self.cfg = cfg
         self.commands = commands
+        self.stream = stream
         self.cluster = cluster
         self.node = node
         self.queue = queue
@@ -303,6 +326,14 @@ class Uplink:
         if not session_present:
             # The broker lost our session: publications it had not delivered are gone, republish now.
             self.inflight.clear()
+            if self.stream is not None:
+                self.stream.new_session()  # the lost frames may be the base of the next one
+        else:
+            # A broker that restarted with our session may still have dropped what it had PUBACKed
+            # and not yet handed to an ingester (mosquitto, shared subscriptions whose members were
+            # not back yet): whatever is not acked soon after the reconnect goes again, not only after
+            # the full ack timeout. Duplicates cost bytes, never correctness.
+            self.inflight.hasten(self.cfg.ack_timeout_seconds, time.monotonic(), _RECONNECT_ACK_WAIT_S)
         client.subscribe(self.ack_topic, qos=1)
         if self.commands is not None:
             client.subscribe(self.cmd_topic, qos=1)
@@ -339,7 +370,7 @@ class Uplink:
             log.error("ignoring ack for node %r on %s (this is %r)", ack.node, message.topic, self.node)
             return
         try:
-            applied = apply_ack(self.queue, self.inflight, ack, time.monotonic())
+            applied = apply_ack(self.queue, self.inflight, ack, time.monotonic(), self.stream)
         except (SpoolError, sqlite3.Error) as e:
             # The rows stay; their acks will come again when the batches are re-published.
             log.error("cannot delete acked rows from the spool: %s", e)
@@ -412,7 +443,12 @@ class Uplink:
         rows = self.queue.next_rows(self.inflight)
         sent: list[int] = []
         for row in rows:
-            if not self.pacer.allows(len(row.payload), now):
+            prepared = (
+                self.stream.prepare(row)
+                if self.stream is not None
+                else Prepared(row.seq, row.payload, "batch", lambda: None)
+            )
+            if not self.pacer.allows(len(prepared.payload), now):
                 break
             # Topic + header overhead is far below 1 KiB; a row the broker cannot take would block the
             # spool forever, so it is set aside (kept, counted, reported) instead.
@@ -423,16 +459,19 @@ class Uplink:
                 log.error("quarantining spool row seq=%d: %s", row.seq, reason)
                 self.queue.set_aside(row.seq, reason, LossReason.OVERSIZED_BATCH)
                 continue
-            info = client.publish(self.batch_topic, row.payload, qos=1)
+            payload = prepared.payload
+            info = client.publish(self.batch_topic, payload, qos=1)
             if info.rc != mqtt.MQTT_ERR_SUCCESS:
                 break
+            if self.stream is not None:
+                self.stream.published(prepared)
             self.inflight.add(row.seq, now)
             self._mid_seq[info.mid] = row.seq
             sent.append(row.seq)
             self.metrics.published.labels("retry" if row.was_sent else "first").inc()
-            self.metrics.publish_bytes.inc(len(row.payload))
+            self.metrics.publish_bytes.inc(len(payload))
             # Charged now with an estimate so the next row sees it; the pacer's meter corrects it.
-            self.pacer.charge_publish(len(row.payload))
+            self.pacer.charge_publish(len(payload))
         if sent:
             self.queue.sent(sent, int(time.time() * 1000))
         self._publish_inflight()

@@ -369,6 +369,29 @@ class ValueEncoder:
         self.xor = array("Q")
         self._k = 0
 
+    def add_one(self, value: float) -> None:
+        """``add([value])``, byte for byte, without its lists when the previous series' exponent
+        fits (a batch of one scrape has one value per series: most series of a live cycle)."""
+        k = self._k
+        p = POW10[k]
+        try:
+            m = round(value * p)
+        except (ValueError, OverflowError):  # NaN, ±Inf
+            self.add([value])
+            return
+        # `==` on floats is bit-identity except for ±0 (and NaN, which never gets here): -0.0 must
+        # take the general path, which refuses it as a decimal.
+        if -MAX_MANTISSA < m < MAX_MANTISSA and m / p == value and (m or str(value)[0] != "-"):
+            while k and not m % 10:
+                m //= 10
+                k -= 1
+            self._k = k
+            self.kinds.append(k)
+            self.kinds.append(0)  # width 0: one value has no deltas
+            put_uvarint(self.first, zigzag(m))
+            return
+        self.add([value])
+
     def add(self, values: list[float]) -> None:
         scaled = decimal_scale(values, self._k)
         if scaled is not None:

@@ -13,16 +13,20 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import paho.mqtt.client as mqtt
 import yaml
 
+from schemas import codec, topics
 from testkit.services import free_port
 
 if TYPE_CHECKING:
@@ -299,3 +303,52 @@ def ledger_totals(relay_cfg: Path) -> dict[str, int]:
                 reason, _, n = item.partition("=")
                 totals[reason] = int(n)
     return totals
+
+
+def spool_rows(path: Path) -> int:
+    """Rows in a relay's spool file (``batches``), read beside the running relay."""
+    with closing(sqlite3.connect(path)) as db:
+        return int(db.execute("SELECT count(*) FROM batches").fetchone()[0])
+
+
+def publish_probe_status(
+    host: str, port: int, *, prefix: str, cluster: str, node: str, client_id: str = "probe"
+) -> None:
+    """A retained status message of a node nobody runs: an ingester whose fleet view reports it online
+    has subscribed (a readiness probe for tests and benches)."""
+    client = mqtt.Client(
+        callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+    )
+    client.connect(host, port, keepalive=10)
+    client.loop_start()
+    try:
+        status = {"node": node, "cluster": cluster, "state": "online", "ts_ms": int(time.time() * 1000)}
+        info = client.publish(
+            topics.status_topic(prefix, cluster, node), codec.encode_status(status), qos=1, retain=True
+        )
+        info.wait_for_publish(10)
+        if not info.is_published():
+            raise RuntimeError(f"the probe status of {node!r} was not published")
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+# The environment the product's processes must not inherit from the shell running the tests: proxies
+# (loopback traffic goes straight) and the programs' own environment overrides.
+_PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+_OVERRIDE_VARS = (
+    "CLOUD_INGEST_CLIENT_ID",
+    "CLOUD_INGEST_REMOTE_WRITE_URL",
+    "CLOUD_INGEST_MQTT_PASSWORD",
+    "EDGE_RELAY_NODE",
+    "NODE_NAME",
+    "EDGE_RELAY_SCRAPE_INTERVAL",
+)
+
+
+def clean_environment(monkeypatch: Any) -> None:
+    """``monkeypatch`` (pytest's) the environment subprocesses inherit: no proxies, no overrides."""
+    for var in (*_PROXY_VARS, *_OVERRIDE_VARS):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")

@@ -827,6 +827,7 @@ _COUNT = st.integers(1, 2**63 - 1)
             st.just(("ok", None, 0, 0)),
             st.tuples(st.just("rejected"), st.text(min_size=1, max_size=20), st.just(0), st.just(0)),
             st.tuples(st.just("partial"), st.text(min_size=1, max_size=20), _COUNT, _COUNT),
+            st.just(("need_state", None, 0, 0)),
         ),
         max_size=50,
     )
@@ -846,6 +847,82 @@ def test_partial_ack_wire_form() -> None:
         "partial": [[7, 120, 3, "out of bounds"]],
     }
     assert codec.decode_ack(data).results[0] == AckResult(7, "partial", "out of bounds", 120, 3)
+
+
+def test_need_state_ack_wire_form() -> None:
+    results = [AckResult(9, "need_state"), AckResult(3, "need_state", ""), AckResult(4, "ok")]
+    data = codec.encode_ack("edge-01", results, incarnation=5)
+    assert json.loads(data) == {"v": 1, "node": "edge-01", "ok": [4], "need_state": [3, 9], "inc": 5}
+    ack = codec.decode_ack(data)
+    assert ack.results == [AckResult(3, "need_state"), AckResult(4, "ok"), AckResult(9, "need_state")]
+    assert "need_state" not in json.loads(codec.encode_ack("n", [AckResult(1, "ok")]))
+
+
+@pytest.mark.parametrize(
+    "result",
+    [AckResult(1, "need_state", "why"), AckResult(1, "need_state", None, 1, 0), AckResult(0, "need_state")],
+)
+def test_encode_need_state_refuses(result: AckResult) -> None:
+    with pytest.raises(EncodeError):
+        codec.encode_ack("n", [result])
+
+
+@pytest.mark.parametrize(
+    ("wire", "reason"),
+    [
+        ({"need_state": [0]}, "bad_header"),
+        ({"need_state": [2**63]}, "bad_header"),
+        ({"need_state": [1.0]}, "malformed"),
+        ({"need_state": [True]}, "malformed"),
+        ({"need_state": ["1"]}, "malformed"),
+        ({"need_state": [[1, 3]]}, "malformed"),  # no ranges: need_state is rare
+        ({"need_state": [[1, "x"]]}, "malformed"),
+        ({"need_state": [1, 1]}, "malformed"),
+        ({"need_state": [1], "ok": [1]}, "malformed"),
+        ({"need_state": [1], "partial": [[1, 5, 3, "x"]]}, "malformed"),
+        ({"need_state": {"1": 1}}, "malformed"),
+        ({"need_state": 1}, "malformed"),
+        ({"need_state": None}, "malformed"),
+        ({"need_states": [1]}, "malformed"),
+        ({"need_state": list(range(1, 5002))}, "oversized"),
+    ],
+)
+def test_need_state_ack_refused_when_malformed(wire: dict[str, object], reason: str) -> None:
+    data = json.dumps({"v": 1, "node": "n", **wire}).encode()
+    with pytest.raises(codec.DecodeError) as err:
+        codec.decode_ack(data, Limits(max_ack_results=5000, max_ack_bytes=1 << 20))
+    assert err.value.reason == reason
+    assert not err.value.message.startswith("unhandled")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(-3, 2**63 + 3),
+            st.booleans(),
+            st.floats(allow_nan=False),
+            st.text(max_size=4),
+            st.none(),
+            st.lists(st.integers(0, 9), max_size=3),
+        ),
+        max_size=20,
+    ),
+    st.lists(st.integers(1, 30), max_size=5),
+)
+def test_need_state_ack_hostile(entries: list[object], ok: list[int]) -> None:
+    data = json.dumps({"v": 1, "node": "n", "ok": ok, "need_state": entries}).encode()
+    try:
+        ack = codec.decode_ack(data)
+    except DecodeError as err:
+        assert err.reason in {"malformed", "bad_header", "oversized"}
+        assert not err.message.startswith("unhandled"), err
+        return
+    # Accepted only when every entry is a distinct valid seq, none also acked ok.
+    assert all(type(e) is int and 0 < e < 2**63 for e in entries)
+    assert len(set(entries)) == len(entries) and not set(entries) & set(ok)
+    assert [r.seq for r in ack.results if r.result == "need_state"] == sorted(entries)  # type: ignore[type-var]
+    assert codec.decode_ack(codec.encode_ack("n", ack.results)) == ack
 
 
 @pytest.mark.parametrize(

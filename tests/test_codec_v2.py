@@ -29,7 +29,7 @@ from edge_relay.parse import SeriesCache, parse
 from edge_relay.shape import TargetShaper
 from schemas import codec, columnar
 from schemas.codec import DEFAULT_LIMITS, DecodeError, EncodeError, Limits
-from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
+from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 from simulator import EXPORTERS, Simulator
 
 V1, V2 = codec.FORMAT_V1, codec.FORMAT_V2
@@ -809,3 +809,26 @@ def test_v2_is_much_smaller_on_a_realistic_window() -> None:
     )
     # Measured 4.75 vs 1.46 B/sample: v2 must stay at least 2.5x smaller.
     assert len(v1) >= 2.5 * len(v2)
+
+
+one_value = st.one_of(
+    st.floats(width=64),
+    st.integers(-(10**9), 10**9).flatmap(lambda m: st.integers(0, 9).map(lambda k: m / 10**k)),
+    st.sampled_from([0.0, -0.0, float("inf"), float("-inf"), 2.0**53, 1e300, 5e-324]),
+    st.sampled_from([STALE_NAN, float("nan")]),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(one_value, st.booleans()), min_size=1, max_size=40))
+def test_add_one_writes_exactly_what_add_of_one_value_writes(values: list[tuple[float, bool]]) -> None:
+    """The fast path for series with one sample (every series of a live cycle) is byte for byte the
+    general one, whatever exponent the series before left (-0.0, NaN, Inf, huge and tiny values)."""
+    fast, general = columnar.ValueEncoder(), columnar.ValueEncoder()
+    for value, several in values:
+        if several:  # a series with more samples in between moves the exponent hint
+            fast.add([value, value])
+            general.add([value, value])
+        fast.add_one(value)
+        general.add([value])
+    assert fast.streams() == general.streams()

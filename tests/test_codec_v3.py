@@ -276,7 +276,7 @@ def value_bits(draw: st.DrawFn, prev: int | None) -> int:
     if choice == 1:
         return draw(st.integers(0, 2**64 - 1))
     if choice <= 4 and prev is not None:  # a counter or a gauge moving a little
-        return prev + draw(st.integers(-3, 3)) if 0 < prev < 2**63 else prev
+        return prev + draw(st.integers(-3, 3)) if 3 < prev < 2**63 - 3 else prev
     if choice <= 7:
         return bits(draw(st.integers(-(10**6), 10**6)) / 10 ** draw(st.integers(0, 4)))
     return bits(draw(st.floats(allow_nan=False)))

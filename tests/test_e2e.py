@@ -8,7 +8,6 @@ served: same value, timestamp of the scrape that fetched it, nothing missing, no
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections import Counter
 from pathlib import Path
@@ -19,15 +18,10 @@ import pytest
 from schemas.model import is_stale
 from testkit.oracle import compare, expected_samples, read_served_log
 from testkit.services import Mosquitto, Prometheus, RawSamples, VictoriaMetrics, wait_until
-from testkit.stack import EXPORTERS, SimulatorProcess, ingest_config, program, relay_config
+from testkit.stack import EXPORTERS, SimulatorProcess, ingest_config, program, relay_config, spool_rows
 
 RUN_SECONDS = 32
 SYNTHETIC = {"up", "scrape_duration_seconds", "scrape_samples_scraped"}
-
-
-def spool_rows(path: Path) -> int:
-    with sqlite3.connect(path) as db:
-        return int(db.execute("SELECT count(*) FROM batches").fetchone()[0])
 
 
 def run_stack(tmp_path: Path, mosquitto: Mosquitto, remote_write_url: str) -> dict[str, Any]:

@@ -254,3 +254,41 @@ def test_a_clock_step_back_is_logged_and_counted(
         assert "the wall clock went back by 600.5s" in caplog.text
     finally:
         close(relay)
+
+
+LANES_BUDGET = """version: 1
+uplink: {sustained_bytes_per_second: 100000, batch_window_seconds: 60}
+classes:
+  - {name: critical, match: [{name: 'good_total'}]}
+  - {name: gauges, match: [{name: 'good_gauge'}], latency: live}
+  - {name: rest}
+"""
+
+
+def test_live_classes_leave_every_cycle_and_the_rest_waits_for_the_window(
+    tmp_path: Path, exporters: ScriptedExporter
+) -> None:
+    """`latency: live` (and the class named critical, by default) are spooled as a batch per cycle,
+    the rest is staged for the batch window; together they are every sample, once."""
+    relay = open_relay(write_config(tmp_path, exporters, budget=LANES_BUDGET, names=("good",)))
+    try:
+        assert [c.live for c in relay.budget.budget.classes] == [True, True, False]
+        for _ in range(3):
+            relay.cycle()
+            time.sleep(0.05)
+        stats = relay.spool.stats()
+        assert stats.rows == 3 and stats.staged_rows == 3
+        live = spooled(relay)
+        assert {labels_name(k) for k in live} == {"good_total", "good_gauge"}
+        assert all(len(points) == 3 for points in live.values())
+        relay.window.pack()
+        everything = spooled(relay)
+        assert {labels_name(k) for k in everything} == {"good_total", "good_gauge", *SYNTHETIC}
+        assert all(len(points) == 3 for points in everything.values())
+        assert relay.ledger.totals() == {}
+    finally:
+        close(relay)
+
+
+def labels_name(labels: Labels) -> str:
+    return dict(labels)["__name__"]

@@ -22,6 +22,7 @@ import pytest
 from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.spool import (
     SCHEMA_VERSION,
+    InFlight,
     Replacement,
     Spool,
     SpoolClosedError,
@@ -750,3 +751,15 @@ def test_schema_v2_file_migrates_to_staging(spool_path: Path) -> None:
     with Spool(spool_path) as spool:
         assert spool.staging.stage(b"x", first_ts_ms=1, last_ts_ms=1, sample_count=1) >= 1
         assert spool.stats().rows == 1
+
+
+def test_inflight_hasten_brings_expiry_forward_never_back() -> None:
+    inflight = InFlight()
+    inflight.add(1, 100.0)  # would expire at 160 with a 60 s timeout
+    inflight.add(2, 95.0)  # at 155
+    inflight.hasten(60.0, 140.0, 10.0)  # a reconnect at 140: everything goes by 150
+    assert inflight.expire(60.0, 149.0) == []
+    assert sorted(inflight.expire(60.0, 150.5)) == [1, 2]
+    inflight.add(3, 100.0)
+    inflight.hasten(60.0, 140.0, 30.0)  # 170 is later than its own expiry (160): unchanged
+    assert inflight.expire(60.0, 160.5) == [3]

@@ -84,6 +84,7 @@ class ClassPolicy:
     heartbeat_s: float = 0.0  # > 0: suppress unchanged values, but send one at least this often
     max_resolution_s: float = 0.0  # how far the controller may degrade it; <= resolution_s: never
     counters: frozenset[str] = frozenset()  # extra metric names to treat as counters (no suffix)
+    live: bool = False  # `latency: live`: sent every cycle, not in the uplink's batch window
 
     def matches(self, labels: Labels) -> bool:
         return not self.matchers or any(m.matches(labels) for m in self.matchers)
@@ -195,6 +196,11 @@ class Budget:
             f"the simulator's workload); expected burst_bytes >= {window_bytes + FRAMING_ROOM_BYTES}, or a "
             "shorter uplink.batch_window_seconds"
         ]
+
+    @property
+    def live_classes(self) -> frozenset[int]:
+        """Indexes of the classes with ``latency: live``."""
+        return frozenset(i for i, c in enumerate(self.classes) if c.live)
 
     def classify(self, labels: Labels) -> int:
         """Index into ``classes`` of the first class that matches (cached per label set)."""
@@ -508,6 +514,12 @@ def _matchers(raw: dict[str, Any], key: str, source: str) -> tuple[Matcher, ...]
     return tuple(matchers)
 
 
+def _default_latency(raw: dict[str, Any]) -> str:
+    """The critical class is live unless it says otherwise: its series are the ones an operator watches."""
+    critical = raw["name"] == "critical" or str(raw.get("preset", "")).endswith("-critical")
+    return "live" if critical else "windowed"
+
+
 def _classes(raw: list[dict[str, Any]], source: str) -> tuple[ClassPolicy, ...]:
     classes: list[ClassPolicy] = []
     seen: dict[str, int] = {}
@@ -550,6 +562,7 @@ def _classes(raw: list[dict[str, Any]], source: str) -> tuple[ClassPolicy, ...]:
                 heartbeat_s=float(c.get("suppress_unchanged", {}).get("heartbeat_seconds", 0)),
                 max_resolution_s=max_resolution,
                 counters=PRESET_COUNTERS | frozenset(c.get("counters", ())),
+                live=c.get("latency", _default_latency(c)) == "live",
             )
         )
     if not classes or classes[-1].matchers:

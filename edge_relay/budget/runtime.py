@@ -17,8 +17,12 @@ from __future__ import annotations
 import logging
 import os
 import time
+from array import array
+from collections.abc import Callable
+from dataclasses import replace
 
-from edge_relay.anomaly import Detector, Event
+from edge_relay.anomaly import Detector, Event, gpu_label
+from edge_relay.anomaly_node import NODE_KEY
 from edge_relay.budget.controller import Controller
 from edge_relay.budget.model import PRESET_COUNTERS, ConfigError, load
 from edge_relay.budget.pacer import Pacer
@@ -44,8 +48,10 @@ class BudgetRuntime:
         pacer: Pacer,
         meta: MetaTable,
         metrics: RelayMetrics,
+        to_wire: Callable[[int], int] = int,
     ) -> None:
         self.path = path
+        self._to_wire = to_wire
         self._interval_s = interval_s
         self._batch_max_bytes = batch_max_bytes
         self._encoder = encoder
@@ -142,11 +148,13 @@ class BudgetRuntime:
             for key, g in det.gpus.items():
                 vendor, _, gpu = key.partition(":")
                 m.anomaly_score.labels(gpu, vendor).set(g.score)
+            if det.node is not None:  # the node's detector: gpu="node", vendor="node"
+                m.anomaly_score.labels(NODE_KEY, NODE_KEY).set(det.node.score)
         for ev in events:
-            m.anomaly_events.labels(ev.gpu.partition(":")[2], ev.kind, ev.rule).inc()
+            m.anomaly_events.labels(gpu_label(ev.gpu), ev.kind, ev.rule).inc()
         active = set(det.active_windows(now_ms))
         for key in active | self._windows_shown:
-            m.anomaly_window_active.labels(key.partition(":")[2]).set(1 if key in active else 0)
+            m.anomaly_window_active.labels(gpu_label(key)).set(1 if key in active else 0)
         self._windows_shown = active
         return events
 
@@ -164,6 +172,27 @@ class BudgetRuntime:
             self._override_seen = self.shaper.override_samples
         return out
 
+    def split_live(self, shaped: list[ShapedScrape]) -> tuple[list[ShapedScrape], list[ShapedScrape]]:
+        """A shaped cycle as (what leaves now, what waits for the batch window): the samples of the
+        ``latency: live`` classes, and the rest (which keeps the scrapes' counts)."""
+        live = self.budget.live_classes
+        if not live:
+            return [], shaped
+        classify = self.budget.classify
+        now: list[ShapedScrape] = []
+        later: list[ShapedScrape] = []
+        for x in shaped:
+            picks = [classify(labels) in live for labels in x.labels]
+            if all(picks):
+                now.append(x)
+                later.append(replace(x, labels=[], values=array("d"), timestamps=None))
+            elif not any(picks):
+                later.append(x)
+            else:
+                now.append(_subset(x, picks, True))
+                later.append(_subset(x, picks, False))
+        return now, later
+
     def held(self, now_ms: int) -> tuple[int, int]:
         """Samples in open aggregation windows, and the earliest time they can be from."""
         return self.shaper.held(now_ms)
@@ -173,8 +202,9 @@ class BudgetRuntime:
         return self.shaper.flush(2**62)
 
     def produced(self, nbytes: int) -> None:
-        """Encoded bytes just added to the spool: the demand the controller weighs."""
-        self.controller.produced(nbytes)
+        """Encoded bytes just added to the spool: the demand the controller weighs, as the wire will
+        carry them (``to_wire``: stream-coded frames are smaller than the spooled batches)."""
+        self.controller.produced(self._to_wire(nbytes))
 
     def tick(self, backlog_bytes: int) -> None:
         """Once per cycle, after the cycle is spooled."""
@@ -196,3 +226,25 @@ class BudgetRuntime:
                     else:
                         self._metrics.budget_samples.labels(c.name, outcome).inc(delta)
                 self._shaped_seen[key] = total
+
+
+def _subset(x: ShapedScrape, picks: list[bool], keep: bool) -> ShapedScrape:
+    """The samples of ``x`` whose pick is ``keep``; the scrape's counts go with the windowed part."""
+    idx = [i for i, p in enumerate(picks) if p is keep]
+    part = replace(
+        x,
+        labels=[x.labels[i] for i in idx],
+        values=array("d", [x.values[i] for i in idx]),
+        timestamps=[x.timestamps[i] for i in idx] if x.timestamps is not None else None,
+    )
+    if keep:  # the live part: counted once, with the windowed part
+        part = replace(
+            part,
+            stale_markers=0,
+            duplicates=0,
+            over_label_limits=0,
+            invalid_timestamps=0,
+            repeated_timestamps=0,
+            relabel_dropped=0,
+        )
+    return part

@@ -64,6 +64,14 @@ class InFlight:
                 self._changed()
             return old
 
+    def hasten(self, timeout_s: float, now: float, within_s: float) -> None:
+        """Make every seq in flight expire ``within_s`` from ``now`` at the latest (``timeout_s`` being
+        the expiry ``expire`` is called with)."""
+        latest = now + within_s - timeout_s
+        with self._lock:
+            for seq, t in self._sent_at.items():
+                self._sent_at[seq] = min(t, latest)
+
     @property
     def seqs(self) -> frozenset[int]:
         """A snapshot, safe to read from any thread."""

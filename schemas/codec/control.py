@@ -32,14 +32,17 @@ from schemas.codec.limits import (
 ACK_VERSION: Final = 1
 STATUS_VERSION: Final = 1
 
-AckResultKind = Literal["ok", "rejected", "partial"]
+AckResultKind = Literal["ok", "rejected", "partial", "need_state"]
 MAX_REASON_CHARS: Final = 256
 
 
 class AckResult(NamedTuple):
     """One batch's outcome. ``ok``: every sample written; ``rejected``: none (``reason`` says why);
     ``partial``: ``written`` samples are in the receiver and ``refused`` were refused (``reason``) and
-    dead-lettered in the cloud. The counts are only carried by ``partial`` (0 otherwise)."""
+    dead-lettered in the cloud; ``need_state``: nothing written, the (v3 delta) frame's base state is not
+    held here: re-publish the seq self-contained. The counts are only carried by ``partial`` (0
+    otherwise); ``need_state`` carries no reason (``None`` or ``""``, decoded as ``None``). ``need_state``
+    is only sent for v3 frames: relays older than v3 refuse an ack with a key they do not know."""
 
     seq: int
     result: AckResultKind
@@ -107,8 +110,14 @@ def _ack_wire(node: str, results: Iterable[AckResult], limits: Limits) -> dict[s
         elif result == "partial":
             _check_reason(reason)
             _check_counts(seq, written, refused)
+        elif result == "need_state":
+            if reason not in (None, ""):
+                _fail("malformed", f"seq {seq}: a need_state result carries no reason")
+            reason = None
         else:
-            _fail("malformed", f"seq {seq}: result {result!r} is neither ok, rejected nor partial")
+            _fail(
+                "malformed", f"seq {seq}: result {result!r} is neither ok, rejected, partial nor need_state"
+            )
         if result != "partial" and (written or refused):
             _fail("malformed", f"seq {seq}: only a partial result carries counts")
         norm = AckResult(seq, result, reason, written, refused)
@@ -119,6 +128,7 @@ def _ack_wire(node: str, results: Iterable[AckResult], limits: Limits) -> dict[s
     ok: list[int | list[int]] = []
     rejected: list[list[int | str]] = []
     partial: list[list[int | str]] = []
+    need_state: list[int] = []
     # Runs of consecutive acked seqs become [first, last] ranges: a drained backlog acks in one line.
     run_start = run_end = -1
     for seq in sorted(by_seq):
@@ -130,6 +140,9 @@ def _ack_wire(node: str, results: Iterable[AckResult], limits: Limits) -> dict[s
         if res.result == "partial":
             assert res.reason is not None
             partial.append([seq, res.written, res.refused, res.reason])
+            continue
+        if res.result == "need_state":
+            need_state.append(seq)
             continue
         if seq == run_end + 1:
             run_end = seq
@@ -146,6 +159,8 @@ def _ack_wire(node: str, results: Iterable[AckResult], limits: Limits) -> dict[s
         wire["rejected"] = rejected
     if partial:
         wire["partial"] = partial
+    if need_state:
+        wire["need_state"] = need_state
     return wire
 
 
@@ -159,9 +174,10 @@ def encode_ack(
     node: str, results: Iterable[AckResult], limits: Limits = DEFAULT_LIMITS, *, incarnation: int = 0
 ) -> bytes:
     """``{"v":1,"node":..,"ok":[seq | [first,last], ..],"rejected":[[seq,reason], ..],
-    "partial":[[seq,written,refused,reason], ..]}``, and ``"inc"`` when ``incarnation`` is given (only
-    for batches whose header carried one: older relays refuse an ack with keys they do not know; for
-    the same reason the ingester sends ``partial`` results only to relays that send ``inc``)."""
+    "partial":[[seq,written,refused,reason], ..],"need_state":[seq, ..]}``, and ``"inc"`` when
+    ``incarnation`` is given (only for batches whose header carried one: older relays refuse an ack
+    with keys they do not know; for the same reason the ingester sends ``partial`` results only to
+    relays that send ``inc``, and ``need_state`` only to relays that sent a v3 frame)."""
     try:
         wire = _ack_wire(node, results, limits)
         if incarnation:
@@ -177,17 +193,29 @@ def encode_ack(
     return out
 
 
+_ACK_KEYS: Final = frozenset({"v", "node", "ok", "rejected", "partial", "need_state", "inc"})
+
+
 def _decode_ack(data: bytes, limits: Limits) -> Ack:
     obj = _json_loads(data, limits.max_ack_bytes, "ack")
     _check_version(obj, ACK_VERSION, "ack")
-    if not obj.keys() <= {"v", "node", "ok", "rejected", "partial", "inc"} or "node" not in obj:
-        _fail("malformed", f"ack keys {sorted(obj)}: need v, node and optional ok, rejected, partial, inc")
+    if not obj.keys() <= _ACK_KEYS or "node" not in obj:
+        _fail(
+            "malformed",
+            f"ack keys {sorted(obj)}: need v, node and optional ok, rejected, partial, need_state, inc",
+        )
     incarnation = _check_incarnation(obj["inc"]) if "inc" in obj else 0
     node = obj["node"]
     _check_name("node", node)
     ok, rejected, partial = obj.get("ok", []), obj.get("rejected", []), obj.get("partial", [])
-    if type(ok) is not list or type(rejected) is not list or type(partial) is not list:
-        _fail("malformed", "ok, rejected and partial must be arrays")
+    need_state = obj.get("need_state", [])
+    if (
+        type(ok) is not list
+        or type(rejected) is not list
+        or type(partial) is not list
+        or type(need_state) is not list
+    ):
+        _fail("malformed", "ok, rejected, partial and need_state must be arrays")
     results: dict[int, AckResult] = {}
     budget = limits.max_ack_results
 
@@ -222,6 +250,10 @@ def _decode_ack(data: bytes, limits: Limits) -> Ack:
         seq = _check_seq(entry[0])
         _check_counts(seq, entry[1], entry[2])
         add(AckResult(seq, "partial", _check_reason(entry[3]), entry[1], entry[2]))
+    for entry in need_state:
+        if not _is_int(entry):
+            _fail("malformed", "a need_state entry is a seq")
+        add(AckResult(_check_seq(entry), "need_state"))
     return Ack(node, [results[seq] for seq in sorted(results)], incarnation=incarnation)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any, Final, NamedTuple
 
 import msgpack
@@ -40,7 +40,7 @@ from schemas.codec.limits import (
 from schemas.codec.v1 import CODEC_V1, FORMAT_V1
 from schemas.codec.v2 import CODEC_V2, FORMAT_V2
 from schemas.codec.v3 import CODEC_V3, FORMAT_V3
-from schemas.model import STALE_NAN_BITS, Batch, float_bits
+from schemas.model import STALE_NAN_BITS, Batch, Labels, float_bits
 
 MAGIC: Final = b"ERB"
 CURRENT_FORMAT_VERSION: Final = FORMAT_V2
@@ -56,6 +56,7 @@ def encode_batch(
     limits: Limits = DEFAULT_LIMITS,
     validate: bool = True,
     version: int = CURRENT_FORMAT_VERSION,
+    known: Container[Labels] = (),
 ) -> bytes:
     """Encode a batch as an envelope of format ``version`` (FORMAT_V1, or FORMAT_V2: the default).
 
@@ -67,7 +68,8 @@ def encode_batch(
     if version not in _FORMAT_VERSIONS:
         raise EncodeError("unknown_version", f"format version {version!r}")
     if validate:
-        validate_batch(batch, limits)
+        # ``known``: label sets that passed these checks before (the caller's cache), not re-checked.
+        validate_batch(batch, limits, known)
     fmt = _VERSIONS[version]
     try:
         body, n, t0, t1 = fmt.encode_body(batch, level, limits)

@@ -327,10 +327,11 @@ def _as_array(column: Any, typecode: str, overflow_reason: str, index: int) -> a
         _fail("malformed", f"scrape {index}: {exc}")
 
 
-def validate_batch(batch: Batch, limits: Limits = DEFAULT_LIMITS) -> None:
-    """Check a Batch against every rule the decoder enforces; raise EncodeError if it breaks one."""
+def validate_batch(batch: Batch, limits: Limits = DEFAULT_LIMITS, known: Container[Labels] = ()) -> None:
+    """Check a Batch against every rule the decoder enforces; raise EncodeError if it breaks one.
+    Label sets in ``known`` passed the label checks before and are not checked again."""
     try:
-        _validate_batch(batch, limits)
+        _validate_batch(batch, limits, known)
     except _Invalid as exc:
         raise EncodeError(exc.reason, exc.message) from None
 

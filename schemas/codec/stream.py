@@ -57,6 +57,23 @@ def frame_base(data: bytes, limits: Limits = DEFAULT_LIMITS) -> bytes | None:
     return base
 
 
+def frame_ids(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[bytes | None, bytes]:
+    """(base state id or None for a key frame, id of the state the frame leaves) of a v3 frame,
+    without its base: the content is decompressed (within the limits) and hashed, not decoded. A
+    decoder that lacks a frame's base knows from this which state it will never get from that frame."""
+
+    def go() -> tuple[bytes | None, bytes]:
+        header, body, _ = _open_envelope(data, limits)
+        if header.version != FORMAT_V3:
+            _fail("unknown_version", f"not a v3 frame (version {header.version})")
+        base, compressed = v3.split_body(body)
+        content = v3.content_of(compressed, limits)
+        return base, v3.state_id(header.node, v3.NO_BASE if base is None else base, content)
+
+    ids: tuple[bytes | None, bytes] = _run(go)
+    return ids
+
+
 class StreamEncoder:
     """Encodes the scrape cycles of one node as a v3 frame stream (not thread-safe)."""
 
@@ -87,6 +104,14 @@ class StreamEncoder:
     def encode(self, batch: Batch, *, key: bool = False) -> bytes:
         """The next frame of the stream: a key frame when asked, at the cadence, or when the dictionary
         would outgrow its caps or carry more than twice the live series (a key frame compacts it)."""
+        data, commit = self.prepare(batch, key=key)
+        commit()
+        return data
+
+    def prepare(self, batch: Batch, *, key: bool = False) -> tuple[bytes, Callable[[], None]]:
+        """``encode`` in two steps: the frame, and the call that makes it the stream's position. A frame
+        that is not published after all (the uplink's pacer said wait) is dropped uncommitted, so the
+        next frame is not coded against a state no decoder ever saw."""
         self._check(batch)
         base = self._state
         if (
@@ -103,9 +128,15 @@ class StreamEncoder:
                 raise
             base = None
             data, state = self._frame(None, batch)
-        self._state = state
-        self._since_key = 0 if base is None else self._since_key + 1
-        return data
+        since_key = 0 if base is None else self._since_key + 1
+        position = self._state
+
+        def commit() -> None:
+            if self._state is not position:
+                raise RuntimeError("another frame was committed since this one was prepared")
+            self._state, self._since_key = state, since_key
+
+        return data, commit
 
     def keyframe(self, batch: Batch) -> bytes:
         """``batch`` as a key frame that also restarts the stream (later frames build on it)."""
@@ -158,13 +189,24 @@ class StreamEncoder:
 class StreamDecoder:
     """Decodes frames of any format version; v3 delta frames against the states it holds or looks up.
 
-    Keeps the ``keep`` newest states per node, so a redelivered frame (QoS 1) still finds its base.
+    Keeps the ``keep`` newest states per node, so a redelivered frame (QoS 1) still finds its base,
+    and with ``max_nodes`` the states of at most that many nodes: storing a state of one more node
+    forgets the node least recently stored (its next delta frame is refused with ``need_state``).
     """
 
-    def __init__(self, limits: Limits = DEFAULT_LIMITS, *, keep: int = 4) -> None:
+    def __init__(
+        self, limits: Limits = DEFAULT_LIMITS, *, keep: int = 4, max_nodes: int | None = None
+    ) -> None:
         self.limits = limits
         self.keep = max(1, keep)
-        self._states: dict[tuple[str, str], OrderedDict[bytes, State]] = {}
+        self.max_nodes = None if max_nodes is None else max(1, max_nodes)
+        self.evicted = 0  # nodes forgotten to stay within max_nodes
+        self._states: OrderedDict[tuple[str, str], OrderedDict[bytes, State]] = OrderedDict()
+
+    @property
+    def nodes(self) -> int:
+        """Nodes whose states are held."""
+        return len(self._states)
 
     def has_state(self, cluster: str, node: str, sid: bytes) -> bool:
         return sid in self._states.get((cluster, node), {})
@@ -224,11 +266,16 @@ class StreamDecoder:
         _fail("need_state", f"no state {sid.hex()} of node {node!r}")
 
     def _store(self, cluster: str, state: State) -> None:
-        states = self._states.setdefault((cluster, state.node), OrderedDict())
+        key = (cluster, state.node)
+        states = self._states.setdefault(key, OrderedDict())
+        self._states.move_to_end(key)
         states[state.sid] = state
         states.move_to_end(state.sid)
         while len(states) > self.keep:
             states.popitem(last=False)
+        while self.max_nodes is not None and len(self._states) > self.max_nodes:
+            self._states.popitem(last=False)
+            self.evicted += 1
 
 
 # --------------------------------------------------------------------------------------------------

@@ -110,6 +110,21 @@ def _series_samples(batch: Batch) -> tuple[list[list[int]], list[list[float]], s
     return times, values, empty
 
 
+# The label streams of the last batch encoded: consecutive batches of a node (one per scrape cycle)
+# usually carry the same series in the same order. One entry, swapped whole (safe across threads).
+_last_labels: tuple[list[Labels], tuple[bytes, bytes, bytes, bytes, bytes]] | None = None
+
+
+def _encode_labels_cached(labelsets: list[Labels]) -> tuple[bytes, bytes, bytes, bytes, bytes]:
+    global _last_labels
+    last = _last_labels
+    if last is not None and last[0] == labelsets:
+        return last[1]
+    streams = _encode_labels_v2(labelsets)
+    _last_labels = (labelsets, streams)
+    return streams
+
+
 def _encode_labels_v2(labelsets: Sequence[Labels]) -> tuple[bytes, bytes, bytes, bytes, bytes]:
     """LMETA, LSTRLEN, LSTR, LSCHEMA, LIDS: label sets as columns of ids per (schema, label name)."""
     schemas: dict[tuple[str, ...], int] = {}
@@ -183,12 +198,16 @@ def encode_body(batch: Batch, level: int, limits: Limits) -> tuple[bytes, int, i
             columnar.put_uvarint(group_bytes, length)
         if key:
             n += len(members) * len(key)
-            for s in members:
-                values.add(values_of[s])
+            if len(key) == 1:
+                for s in members:
+                    values.add_one(values_of[s][0])
+            else:
+                for s in members:
+                    values.add(values_of[s])
     streams = (
         bytes(columnar.encode_times(table)),
         bytes(group_bytes),
-        *_encode_labels_v2([labelsets[s] for s in order]),
+        *_encode_labels_cached([labelsets[s] for s in order]),
         *values.streams(),
     )
     size = sum(map(len, streams))

@@ -1,0 +1,356 @@
+"""Stream state of one ingester process for wire format v3 (live mode, issue 13).
+
+A v3 delta frame decodes only against the state its predecessor left (``docs/stream-codec.md``
+section 4). Replicas in a share group each get only some frames of a node, so every replica also
+*follows*: it subscribes to ``<prefix>/v1/+/+/batch`` without ``$share`` (QoS 0, MQTT 5 subscription
+identifier ``FOLLOW_ID``; see ``cloud_ingest/subscribe.py``) and decodes every v3 frame only to advance
+its per-node state; it writes and acks only what the shared subscription hands it.
+
+What was chosen, and why:
+
+- One ``StreamDecoder`` per process behind one lock (``StreamState``). Decoding is CPU-bound Python
+  (the GIL serialises it anyway), so a lock per node would buy nothing but complexity. Memory is
+  bounded: the states of at most ``max_nodes`` nodes (LRU: forgetting a node costs a ``need_state``
+  later, never a sample) and ``keep`` states per node (so a QoS 1 redelivery still finds its base).
+- Each frame is decoded once: the outcome is cached under a blake2b digest of the payload (the two
+  deliveries are the same bytes; the digest covers the header, so a cached result is only ever used
+  for the same cluster/node/seq/inc), bounded by entries and by samples. A copy of the cached batch
+  is handed out, so what later stages rebind never reaches the cache. The cache is an optimisation:
+  with ``keep`` >= 2 a frame whose result was evicted decodes again against its still-held base.
+- Follow copies are decoded on ``Follower`` threads in arrival order per node (sharded by node, FIFO),
+  never on paho's network thread and never on the workers: a worker may be waiting (below) for exactly
+  the follow copy that would be queued behind it. A follow copy never blocks: when the follow queues
+  hold ``max_queued_bytes`` it is dropped (a QoS 0 copy may be lost anyway; it costs a ``need_state``).
+  A copy that is not v3 is ignored after a look at its version byte.
+- The shared copy of a delta frame whose base is not held waits at most ``wait_s`` (the two deliveries
+  are not ordered against each other) for the follow path to reach the base, then is refused with
+  ``DecodeError("need_state")``: the service acks ``need_state``, never dead-letters it. The wait ends
+  early (or is not begun) when it is futile: a follow copy that cannot be decoded records the id of the
+  state it would have left (``frame_ids``: its content hashed, not decoded), and follow copies of a
+  node arrive in publication order, so once the copy of the frame itself or of its base failed, the
+  base will not come (a restarted replica thus answers at once, not after ``wait_s`` per node). After a
+  wait timed out for a node (its follow copy was lost), later frames of that node are refused at once
+  until a frame of the node decodes again.
+- The state a frame leaves is kept whatever becomes of its samples (the state is about bytes, the ack
+  about samples): decoding happens before the write, and nothing undoes it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import queue
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Final
+
+import paho.mqtt.client as mqtt
+
+from schemas import codec, topics
+from schemas.codec import FORMAT_V2, FORMAT_V3, MAGIC, DecodeError, Limits, StreamDecoder
+from schemas.codec.stream import frame_ids
+from schemas.model import Batch
+
+if TYPE_CHECKING:
+    from cloud_ingest.selfmetrics import IngestMetrics
+
+log = logging.getLogger("cloud_ingest.follow")
+
+DEFAULT_WAIT_S: Final = 2.0
+DEFAULT_CACHE_ENTRIES: Final = 1024
+DEFAULT_CACHE_SAMPLES: Final = 2_000_000  # decoded values held for the other delivery: ~16 MB + labels
+DEFAULT_MAX_QUEUED_BYTES: Final = 64 << 20
+_STUCK_MAX: Final = 4096
+_LOST_MAX: Final = 16384  # 16-byte state ids
+
+
+def is_v3(payload: bytes) -> bool:
+    """Whether a payload is a v3 envelope (``ERB`` + version byte 3), without parsing anything."""
+    return len(payload) > 3 and payload[:3] == MAGIC and payload[3] == FORMAT_V3
+
+
+def replayable(payload: bytes, batch: Batch | None, limits: Limits) -> bytes | None:
+    """What the dead-letter store may keep of a message: the message itself unless it is v3, whose
+    delta frames no later replay could decode; for v3 the decoded ``batch`` re-encoded as v2 (None:
+    nothing replayable to keep)."""
+    if not is_v3(payload):
+        return payload
+    if batch is None:
+        return None
+    try:
+        return codec.encode_batch(batch, limits=limits, version=FORMAT_V2)
+    except codec.EncodeError as e:  # cannot happen for a batch that decoded within the same limits
+        log.error("cannot re-encode a decoded v3 frame as v2 (%s): not dead-lettered", e)
+        return None
+
+
+@dataclasses.dataclass(slots=True)
+class _Entry:
+    batch: Batch | None
+    error: DecodeError | None
+    samples: int
+
+
+class StreamState:
+    """The per-process decoder state: ``decode`` for the shared (write + ack) delivery, ``advance``
+    for the follow delivery. Thread-safe."""
+
+    def __init__(
+        self,
+        limits: Limits = codec.DEFAULT_LIMITS,
+        *,
+        max_nodes: int = 1000,
+        keep: int = 4,
+        wait_s: float = DEFAULT_WAIT_S,
+        cache_entries: int = DEFAULT_CACHE_ENTRIES,
+        cache_samples: int = DEFAULT_CACHE_SAMPLES,
+        metrics: IngestMetrics | None = None,
+    ) -> None:
+        self.limits = limits
+        self.wait_s = wait_s  # 0 when nothing follows: no other delivery could bring the base
+        self.cache_entries = max(1, cache_entries)
+        self.cache_samples = cache_samples
+        self.metrics = metrics
+        self._decoder = StreamDecoder(limits, keep=keep, max_nodes=max_nodes)
+        self._cond = threading.Condition()
+        self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
+        self._cached_samples = 0
+        self._evicted_seen = 0
+        # Nodes whose last wait for a base timed out, with no frame of theirs decoded since.
+        self._stuck: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # Ids of states whose frames came and could not be decoded (their base was not held).
+        self._lost: OrderedDict[bytes, None] = OrderedDict()
+        self.decodes = 0  # frames actually decoded (not served from the cache)
+        if metrics is not None:
+            metrics.stream_nodes.set_function(lambda: float(self._decoder.nodes))
+
+    @property
+    def nodes(self) -> int:
+        """Nodes whose states are held."""
+        return self._decoder.nodes
+
+    def has_state(self, cluster: str, node: str, sid: bytes) -> bool:
+        with self._cond:
+            return self._decoder.has_state(cluster, node, sid)
+
+    def forget(self, cluster: str, node: str) -> None:
+        with self._cond:
+            self._decoder.forget(cluster, node)
+
+    def decode(self, payload: bytes) -> Batch:
+        """The batch of a shared delivery (any format version); ``DecodeError("need_state")`` when
+        it is a delta frame whose base is not held, after waiting up to ``wait_s`` for the follow
+        path to bring it. Runs on a worker thread."""
+        payload = bytes(payload)
+        if not is_v3(payload):
+            return codec.decode_batch(payload, self.limits)
+        digest = _digest(payload)
+        deadline = time.monotonic() + self.wait_s
+        ids: tuple[tuple[str, str], bytes | None, bytes] | None = None
+        while True:
+            with self._cond:
+                while True:
+                    try:
+                        return self._decode_locked(digest, payload)
+                    except DecodeError as e:
+                        if e.reason != "need_state" or self.wait_s <= 0:
+                            raise
+                        failed = e
+                    if ids is None:
+                        break  # learn the frame's state ids outside the lock, then look again
+                    key, base, own = ids
+                    remaining = deadline - time.monotonic()
+                    # Futile to wait when the follow copy of this frame or of its base already came
+                    # and could not be decoded (copies of a node arrive in publication order), or
+                    # when the node's last wait timed out and nothing of it decoded since.
+                    if remaining <= 0 or key in self._stuck or own in self._lost or base in self._lost:
+                        if remaining <= 0:
+                            self._mark_stuck(key)
+                        self._mark(self._lost, own, _LOST_MAX)  # its successors need not wait either
+                        raise failed
+                    # Woken by every frame decoded and every follow copy that failed to decode.
+                    self._cond.wait(remaining)
+            header = codec.peek_header(payload, self.limits)
+            base, own = frame_ids(payload, self.limits)
+            ids = ((header.cluster, header.node), base, own)
+
+    def advance(self, cluster: str, node: str, payload: bytes) -> str:
+        """Decode a follow copy (already checked to be on the topic of ``cluster``/``node``) only for
+        the state it leaves. Returns the outcome: ``decoded``, ``cached`` (decoded before, through
+        either delivery), ``need_state`` (its base is not held: this replica lost the chain),
+        ``ignored`` (not v3) or ``invalid``."""
+        payload = bytes(payload)
+        if not is_v3(payload):
+            return "ignored"
+        digest = _digest(payload)
+        try:
+            header = codec.peek_header(payload, self.limits)
+        except DecodeError:
+            return "invalid"
+        if (header.cluster, header.node) != (cluster, node):
+            return "invalid"  # the topic is what the broker's ACL vouches for
+        with self._cond:
+            if digest in self._cache:
+                self._cache.move_to_end(digest)
+                return "cached"
+            try:
+                self._decode_locked(digest, payload)
+                return "decoded"
+            except DecodeError as e:
+                if e.reason != "need_state":
+                    return "invalid"
+        # This replica lost the chain: the state this frame leaves will never be held through it.
+        # Hashing its content (outside the lock) tells a shared copy waiting for it to stop waiting.
+        try:
+            _, own = frame_ids(payload, self.limits)
+        except DecodeError:
+            return "invalid"
+        with self._cond:
+            self._mark(self._lost, own, _LOST_MAX)
+            self._cond.notify_all()
+        return "need_state"
+
+    # --- internals (hold self._cond) ---------------------------------------------------------
+
+    def _decode_locked(self, digest: bytes, payload: bytes) -> Batch:
+        entry = self._cache.get(digest)
+        if entry is None:
+            try:
+                _, batch, _ = self._decoder.decode_with_header(payload)
+            except DecodeError as e:
+                if e.reason == "need_state":
+                    raise  # not cached: the base may arrive
+                entry = _Entry(None, e, 0)
+            else:
+                self.decodes += 1
+                entry = _Entry(batch, None, batch.sample_count)
+                self._stuck.pop((batch.cluster, batch.node), None)
+                self._count_evictions()
+                self._cond.notify_all()
+            self._remember(digest, entry)
+        else:
+            self._cache.move_to_end(digest)
+        if entry.error is not None:
+            raise entry.error
+        assert entry.batch is not None
+        # A copy: decode.py rebinds labelsets (identity pinning) on what it is given.
+        return dataclasses.replace(entry.batch)
+
+    def _remember(self, digest: bytes, entry: _Entry) -> None:
+        if entry.samples > self.cache_samples:
+            return  # too big to keep around; the other delivery decodes it again from its base
+        self._cache[digest] = entry
+        self._cached_samples += entry.samples
+        while len(self._cache) > self.cache_entries or self._cached_samples > self.cache_samples:
+            _, old = self._cache.popitem(last=False)
+            self._cached_samples -= old.samples
+
+    def _mark_stuck(self, key: tuple[str, str]) -> None:
+        self._mark(self._stuck, key, _STUCK_MAX)
+
+    @staticmethod
+    def _mark(marks: OrderedDict[Any, None], key: Any, cap: int) -> None:
+        marks[key] = None
+        marks.move_to_end(key)
+        while len(marks) > cap:
+            marks.popitem(last=False)
+
+    def _count_evictions(self) -> None:
+        evicted = self._decoder.evicted
+        if evicted != self._evicted_seen and self.metrics is not None:
+            self.metrics.stream_evictions.inc(evicted - self._evicted_seen)
+        self._evicted_seen = evicted
+
+
+def _digest(payload: bytes) -> bytes:
+    return hashlib.blake2b(payload, digest_size=16).digest()
+
+
+class Follower:
+    """Threads that decode follow copies in arrival order per node; ``submit`` never blocks."""
+
+    def __init__(
+        self,
+        state: StreamState,
+        prefix: str,
+        *,
+        threads: int = 1,
+        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+        metrics: IngestMetrics | None = None,
+    ) -> None:
+        self.state = state
+        self.prefix = prefix
+        self.metrics = metrics
+        self.max_queued_bytes = max_queued_bytes
+        self._queued_bytes = 0
+        self._lock = threading.Lock()
+        self._queues: list[queue.SimpleQueue[tuple[str, str, bytes] | None]] = [
+            queue.SimpleQueue() for _ in range(max(1, threads))
+        ]
+        self._threads = [
+            threading.Thread(target=self._run, args=(q,), name=f"follow-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+        ]
+        self.outcomes: dict[str, int] = {}
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        for q in self._queues:
+            q.put(None)
+        for t in self._threads:
+            if t.is_alive():
+                t.join(timeout)
+
+    def submit(self, message: mqtt.MQTTMessage) -> None:
+        """A follow copy (paho's network thread): queue it for its node's thread, or drop it."""
+        payload = message.payload
+        if not is_v3(payload):
+            self._count("ignored")
+            return
+        try:
+            cluster, node, kind = topics.parse_topic(self.prefix, message.topic)
+        except ValueError:
+            kind = ""
+        if kind != "batch":
+            self._count("invalid")
+            return
+        size = len(payload)
+        with self._lock:
+            if self._queued_bytes + size > self.max_queued_bytes:
+                full = True
+            else:
+                full = False
+                self._queued_bytes += size
+        if full:
+            self._count("dropped")
+            return
+        shard = zlib.crc32(f"{cluster}/{node}".encode()) % len(self._queues)
+        self._queues[shard].put((cluster, node, bytes(payload)))
+
+    def _run(self, q: queue.SimpleQueue[tuple[str, str, bytes] | None]) -> None:
+        while True:
+            item = q.get()
+            if item is None:
+                return
+            cluster, node, payload = item
+            try:
+                outcome = self.state.advance(cluster, node, payload)
+            except Exception:  # never let one frame stop the follow path
+                log.exception("unexpected error following a frame of %s/%s", cluster, node)
+                outcome = "invalid"
+            finally:
+                with self._lock:
+                    self._queued_bytes -= len(payload)
+            self._count(outcome)
+
+    def _count(self, outcome: str) -> None:
+        with self._lock:
+            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+        if self.metrics is not None:
+            self.metrics.frames_followed.labels(outcome).inc()

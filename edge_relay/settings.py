@@ -156,18 +156,6 @@ def _target(
     )
 
 
-RECORDER_DEFAULT_BYTES = 256 << 20
-
-
-def _recorder_bytes(raw: dict[str, Any]) -> int:
-    """``recorder.max_bytes``; unset: on (256 MiB) with a budget file, off without one (what the
-    budget does not send is what the recorder is for)."""
-    value = raw["recorder"]["max_bytes"]
-    if value is not None:
-        return int(value)
-    return RECORDER_DEFAULT_BYTES if raw["budget_file"] else 0
-
-
 def _beside(source: str, path: str) -> str:
     """``path`` relative to the config file's directory (the budget ships next to the config)."""
     if not path:
@@ -249,7 +237,7 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         ),
         metrics_listen=raw["metrics"]["listen"],
         budget_file=_beside(source, raw["budget_file"]),
-        recorder_max_bytes=_recorder_bytes(raw),
+        recorder_max_bytes=raw["recorder"]["max_bytes"],
         recorder_max_age_seconds=float(raw["recorder"]["max_age_seconds"]),
         recorder_block_seconds=float(raw["recorder"]["block_seconds"]),
         stream_enabled=raw["stream"]["enabled"],

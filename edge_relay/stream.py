@@ -219,7 +219,7 @@ class StreamCoder:
         self._self_contained.discard(seq)
 
     def new_session(self) -> None:
-        """A new MQTT session: frames published into the old one may never have been delivered."""
+        """A new MQTT connection: frames published on the old one may never have been delivered."""
         self._key_next = True
 
     def _log_once(self, key: str, message: str) -> None:

@@ -323,11 +323,13 @@ class Uplink:
             "5" if self._use_v5 else "3.1.1",
             session_present,
         )
+        if self.stream is not None:
+            # Frames the old connection had not got PUBACKed (gone with it) or the broker had not
+            # delivered (a lost session) may be the base of the next one: restart the chain.
+            self.stream.new_session()
         if not session_present:
             # The broker lost our session: publications it had not delivered are gone, republish now.
             self.inflight.clear()
-            if self.stream is not None:
-                self.stream.new_session()  # the lost frames may be the base of the next one
         else:
             # A broker that restarted with our session may still have dropped what it had PUBACKed
             # and not yet handed to an ingester (mosquitto, shared subscriptions whose members were

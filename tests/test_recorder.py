@@ -495,20 +495,3 @@ def test_status_shows_the_recorder_span(tmp_path: Path) -> None:
     assert snap["spool"]["recorder_oldest_timestamp_seconds"] == T0 / 1000
     assert snap["spool"]["recorder_newest_timestamp_seconds"] == (T0 + 3007) / 1000
     assert "recorder 608 B at full resolution, 2023-11-14 22:13:20 UTC to" in statusview.render_plain(snap)
-
-
-def test_the_recorder_is_on_with_a_budget_file_and_off_without_unless_set(tmp_path: Path) -> None:
-    """Unset, it keeps what the budget does not send; a relay without a budget sends everything."""
-    base = (
-        f"node: n1\ntargets: [{{name: t, url: 'http://127.0.0.1:1/m'}}]\nspool: {{path: {tmp_path}/s.db}}\n"
-    )
-    (tmp_path / "b.yaml").write_text("version: 1\nuplink: {sustained_bytes_per_second: 1000}\n")
-    for extra, expected in (
-        ("", 0),
-        ("budget_file: b.yaml\n", relay_settings.RECORDER_DEFAULT_BYTES),
-        ("recorder: {max_bytes: 12345}\n", 12345),
-        ("budget_file: b.yaml\nrecorder: {max_bytes: 0}\n", 0),
-    ):
-        config = tmp_path / "relay.yaml"
-        config.write_text(base + extra)
-        assert relay_settings.load(str(config)).recorder_max_bytes == expected, extra

@@ -259,7 +259,7 @@ def test_a_clock_step_back_is_logged_and_counted(
 LANES_BUDGET = """version: 1
 uplink: {sustained_bytes_per_second: 100000, batch_window_seconds: 60}
 classes:
-  - {name: critical, match: [{name: 'good_total'}]}
+  - {name: critical, match: [{name: 'good_total'}], latency: live}
   - {name: gauges, match: [{name: 'good_gauge'}], latency: live}
   - {name: rest}
 """
@@ -268,8 +268,8 @@ classes:
 def test_live_classes_leave_every_cycle_and_the_rest_waits_for_the_window(
     tmp_path: Path, exporters: ScriptedExporter
 ) -> None:
-    """`latency: live` (and the class named critical, by default) are spooled as a batch per cycle,
-    the rest is staged for the batch window; together they are every sample, once."""
+    """`latency: live` classes are spooled as a batch per cycle, the rest (windowed, the default) is
+    staged for the batch window; together they are every sample, once."""
     relay = open_relay(write_config(tmp_path, exporters, budget=LANES_BUDGET, names=("good",)))
     try:
         assert [c.live for c in relay.budget.budget.classes] == [True, True, False]

@@ -46,6 +46,7 @@ from edge_relay.shape import TargetShaper
 from schemas import codec, columnar
 from schemas.codec.v2 import _encode_labels_v2
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock
+from schemas.values import decimals
 
 T0 = 1_700_000_000_000
 FIRST_TICK = 30
@@ -148,7 +149,7 @@ def _as_decimal(v: float, k: int) -> int | None:
 
 def _pick_kind(v: float, old_k: int | None) -> tuple[int, int]:
     """(kind, m) of a series restarting its state: a decimal exponent no smaller than the old one."""
-    need = columnar.decimals(v)
+    need = decimals(v)
     if need is not None and need <= columnar.MAX_EXPONENT:
         for k in dict.fromkeys((max(need, old_k if old_k is not None and old_k != RAW else 0), need)):
             if k <= columnar.MAX_EXPONENT:

@@ -30,6 +30,7 @@ from edge_relay.shape import TargetShaper
 from schemas import codec, columnar
 from schemas.codec import DEFAULT_LIMITS, DecodeError, EncodeError, Limits
 from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
+from schemas.values import ValueDecoder, ValueEncoder, decimal_scale
 from simulator import EXPORTERS, Simulator
 
 V1, V2 = codec.FORMAT_V1, codec.FORMAT_V2
@@ -420,11 +421,11 @@ def test_property_arbitrary_batches_match_v1(batch: Batch) -> None:
 )
 def test_property_value_columns(bits: list[int]) -> None:
     # The value codec alone, many series through one encoder so the exponent hint carries over.
-    enc = columnar.ValueEncoder()
+    enc = ValueEncoder()
     series = [bits, bits[::-1], [b & ~0xFFFF for b in bits], [float_bits(float(i)) for i in range(len(bits))]]
     for one in series:
         enc.add(list(mg.values_from_bits(one)))
-    dec = columnar.ValueDecoder(enc.streams())
+    dec = ValueDecoder(enc.streams())
     for one in series:
         out = array("d")
         dec.series(len(one), out)
@@ -433,14 +434,14 @@ def test_property_value_columns(bits: list[int]) -> None:
 
 
 def test_decimal_scale() -> None:
-    assert columnar.decimal_scale([0.1, 0.2, 0.3], 0) == (1, [1, 2, 3])
-    assert columnar.decimal_scale([1e15, 2e15], 5) == (0, [10**15, 2 * 10**15])
-    assert columnar.decimal_scale([1.5, 2.0], 9) == (1, [15, 20])  # factors of ten stripped
-    assert columnar.decimal_scale([123456.789], 0) == (3, [123456789])
-    assert columnar.decimal_scale([1e-22], 0) == (22, [1])
-    assert columnar.decimal_scale([1e10 + 0.5], 9) == (1, [100000000005])  # hint too large for 2**53
+    assert decimal_scale([0.1, 0.2, 0.3], 0) == (1, [1, 2, 3])
+    assert decimal_scale([1e15, 2e15], 5) == (0, [10**15, 2 * 10**15])
+    assert decimal_scale([1.5, 2.0], 9) == (1, [15, 20])  # factors of ten stripped
+    assert decimal_scale([123456.789], 0) == (3, [123456789])
+    assert decimal_scale([1e-22], 0) == (22, [1])
+    assert decimal_scale([1e10 + 0.5], 9) == (1, [100000000005])  # hint too large for 2**53
     for hopeless in ([-0.0], [float("nan")], [float("inf")], [0.1 + 0.2], [2.0**63], [1e22], [1e-23]):
-        assert columnar.decimal_scale(hopeless, 3) is None, hopeless
+        assert decimal_scale(hopeless, 3) is None, hopeless
 
 
 def test_small_pieces() -> None:
@@ -824,7 +825,7 @@ one_value = st.one_of(
 def test_add_one_writes_exactly_what_add_of_one_value_writes(values: list[tuple[float, bool]]) -> None:
     """The fast path for series with one sample (every series of a live cycle) is byte for byte the
     general one, whatever exponent the series before left (-0.0, NaN, Inf, huge and tiny values)."""
-    fast, general = columnar.ValueEncoder(), columnar.ValueEncoder()
+    fast, general = ValueEncoder(), ValueEncoder()
     for value, several in values:
         if several:  # a series with more samples in between moves the exponent hint
             fast.add([value, value])

@@ -29,6 +29,7 @@ from schemas.codec.limits import (
     _fail,
 )
 from schemas.model import Batch, Labels, ScrapeBlock, float_bits
+from schemas.values import ValueDecoder, ValueEncoder
 
 FORMAT_V2: Final = 2
 CODEC_V2: Final = "columnar+zstd"
@@ -185,7 +186,7 @@ def encode_body(batch: Batch, level: int, limits: Limits) -> tuple[bytes, int, i
     group_bytes = bytearray()
     columnar.put_uvarint(group_bytes, len(groups))
     order: list[int] = []
-    values = columnar.ValueEncoder()
+    values = ValueEncoder()
     n = 0
     for key in sorted(groups):
         members = sorted(groups[key], key=labelsets.__getitem__)
@@ -396,7 +397,7 @@ def decode_body(header: Header, body: bytes, limits: Limits) -> Batch:
     if n_samples != header.sample_count:
         _fail("header_mismatch", f"header n={header.sample_count}, body has {n_samples} samples")
     labelsets = _read_labels_v2(streams[2:7], n_series, limits)
-    decoder = columnar.ValueDecoder(streams[_VALUE_STREAMS])
+    decoder = ValueDecoder(streams[_VALUE_STREAMS])
     # Each group's values are a series-major matrix; block j of the group is every w-th value.
     parts: list[list[tuple[array, array, int, int]]] = [[] for _ in times]
     first = 0

@@ -26,6 +26,7 @@ from schemas.codec.compression import _bounded_decompress, _compressor
 from schemas.codec.limits import _U32, INT64_MAX, Header, Limits, _fail
 from schemas.codec.v2 import _encode_labels_v2, _read_labels_v2
 from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch, Labels, ScrapeBlock
+from schemas.values import decimals
 
 FORMAT_V3: Final = 3
 CODEC_V3: Final = "stream+zstd"
@@ -127,7 +128,7 @@ def _as_decimal(v: float, bits: int, k: int) -> int | None:
 def _restart(v: float, bits: int, old: int) -> tuple[int, int]:
     """(kind, m) of a series whose history does not code this value: a decimal exponent no smaller
     than the old one (so 1.5 after 1.25 keeps k=2 and the next delta stays small), else raw bits."""
-    need = columnar.decimals(v)
+    need = decimals(v)
     if need is not None and need <= _MAX_K:
         for k in dict.fromkeys((max(need, old if old <= _MAX_K else 0), need)):
             m = _as_decimal(v, bits, k) if k <= _MAX_K else None

@@ -41,7 +41,6 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 from outage_bench import ROOT, log, table, workspace, write_results  # bench/ is sys.path[0] for a script
@@ -54,6 +53,7 @@ from testkit.stack import (
     EXPORTERS,
     Program,
     SimulatorProcess,
+    incident_budget,
     ingest_config,
     program,
     relay_config,
@@ -87,26 +87,6 @@ IMG = ROOT / "docs" / "img"
 Series = dict[int, float]  # tick -> value
 
 
-def budget_doc(resolution: int, anomaly: bool) -> dict[str, Any]:
-    coarse = {"resolution_seconds": resolution, "aggregation": "last"}
-    doc: dict[str, Any] = {
-        "version": 1,
-        "uplink": {
-            "sustained_bytes_per_second": RATE,
-            "burst_bytes": RATE * BURST_S,
-            "batch_window_seconds": 5,
-        },
-        "classes": [
-            {"name": "health", "preset": "scrape-health"},  # `up`: the relay's scrape times
-            {"name": "gpu", "preset": "dcgm", **coarse},
-            {"name": "rest", **coarse},
-        ],
-    }
-    if anomaly:
-        doc["anomaly"] = {"pre_seconds": PRE_S, "post_seconds": POST_S, "reserved_share": 0.2}
-    return doc
-
-
 @dataclass
 class Run:
     """One stack: simulator, relay, ingester, mosquitto, Prometheus."""
@@ -133,7 +113,14 @@ def start_run(name: str, work: Path, kind: str, resolution: int, anomaly: bool) 
         work, seed=SEED, interval=INTERVAL_S, churn_ticks=0, incidents=[Incident(kind, GPU, AT, FOR)],
         dcgm_health_fields=True,
     )  # fmt: skip
-    budget = write_yaml(work / "budget.yaml", budget_doc(resolution, anomaly))
+    window = {"pre_seconds": PRE_S, "post_seconds": POST_S, "reserved_share": 0.2}
+    doc = incident_budget(
+        rate=RATE,
+        burst_seconds=BURST_S,
+        gpu_resolution_seconds=resolution,
+        anomaly=window if anomaly else None,
+    )
+    budget = write_yaml(work / "budget.yaml", doc)
     ingest_cfg = ingest_config(work, mqtt_port=mosquitto.port, remote_write_url=prom.remote_write_url)
     sim.start()
     t0 = time.monotonic()

@@ -352,3 +352,33 @@ def clean_environment(monkeypatch: Any) -> None:
     for var in (*_PROXY_VARS, *_OVERRIDE_VARS):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+
+
+def incident_budget(
+    *,
+    rate: int,
+    burst_seconds: int,
+    gpu_resolution_seconds: int,
+    anomaly: dict[str, Any] | None,
+    window_seconds: float = 5,
+) -> dict[str, Any]:
+    """The budget of the anomaly proofs (tests and ``bench/incident_plot.py``): scrape health at full
+    resolution (``up`` carries the relay's scrape times), dcgm and everything else coarse (``last``),
+    and the ``anomaly`` section when given."""
+    coarse = {"resolution_seconds": gpu_resolution_seconds, "aggregation": "last"}
+    doc: dict[str, Any] = {
+        "version": 1,
+        "uplink": {
+            "sustained_bytes_per_second": rate,
+            "burst_bytes": rate * burst_seconds,
+            "batch_window_seconds": window_seconds,
+        },
+        "classes": [
+            {"name": "health", "preset": "scrape-health"},
+            {"name": "gpu", "preset": "dcgm", **coarse},
+            {"name": "rest", **coarse},
+        ],
+    }
+    if anomaly is not None:
+        doc["anomaly"] = anomaly
+    return doc

@@ -387,27 +387,26 @@ def test_thermal_runaway_end_to_end(tmp_path: Path, mosquitto: Any, prometheus: 
     from prometheus_client.parser import text_string_to_metric_families
 
     from testkit.oracle import expected_samples, read_served_log, same_value
-    from testkit.stack import EXPORTERS, SimulatorProcess, ingest_config, program, relay_config, write_yaml
+    from testkit.stack import (
+        EXPORTERS,
+        SimulatorProcess,
+        incident_budget,
+        ingest_config,
+        program,
+        relay_config,
+        write_yaml,
+    )
 
     incident = Incident("thermal", 1, INCIDENT_AT, INCIDENT_FOR)
     sim = SimulatorProcess(
         tmp_path, seed=11, interval=1.0, churn_ticks=0, incidents=[incident], dcgm_health_fields=True
     ).start()
-    coarse = {"resolution_seconds": 300, "aggregation": "last"}
-    budget_doc = {
-        "version": 1,
-        "uplink": {
-            "sustained_bytes_per_second": RATE,
-            "burst_bytes": RATE * BURST_S,
-            "batch_window_seconds": 5,
-        },
-        "classes": [
-            {"name": "health", "preset": "scrape-health"},  # `up`: the relay's scrape times
-            {"name": "gpu", "preset": "dcgm", **coarse},
-            {"name": "rest", **coarse},
-        ],
-        "anomaly": {"pre_seconds": PRE_S, "post_seconds": POST_S, "reserved_share": 0.2},
-    }
+    budget_doc = incident_budget(
+        rate=RATE,
+        burst_seconds=BURST_S,
+        gpu_resolution_seconds=300,
+        anomaly={"pre_seconds": PRE_S, "post_seconds": POST_S, "reserved_share": 0.2},
+    )
     budget_path = write_yaml(tmp_path / "budget.yaml", budget_doc)
     relay_cfg = relay_config(
         tmp_path,

@@ -55,7 +55,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +75,7 @@ RANGES = {"util": 100.0, "power": LIMIT_W, "temp": 100.0, "mem_temp": 100.0, "fb
 FLOORS = {"util": 3.0, "power": 5.0, "temp": 1.0, "mem_temp": 1.0, "fb": 256.0, "clock": 20.0,
           "w_per_util": 0.2}  # fmt: skip
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80  # power cap, HW slowdown, SW/HW thermal, power brake
+WARMUP = 120  # ticks (the first 10 min): baselines form, no alarms
 GRACE = 6  # scrapes after an incident's end where a first alarm still counts as a detection
 REFRACTORY = 12  # alarms within a minute are one event
 _LINE = re.compile(r'^(DCGM_FI_DEV_\w+)\{gpu="(\d+)".*\} (\S+)$', re.M)
@@ -292,11 +293,11 @@ def stream_scores(name: str, xs: Sequence[Sample]) -> tuple[list[float], float]:
 # --- scoring ------------------------------------------------------------------------------------
 
 
-def alarms(scores: Sequence[float], threshold: float, debounce: int, warmup: int) -> list[bool]:
+def alarms(scores: Sequence[float], threshold: float, debounce: int, WARMUP: int) -> list[bool]:
     """Per scrape: over the threshold on ``debounce`` scrapes in a row (after the warm-up)."""
     out, run = [], 0
     for t, v in enumerate(scores):
-        run = run + 1 if v > threshold and t >= warmup else 0
+        run = run + 1 if v > threshold and t >= WARMUP else 0
         out.append(run >= debounce)
     return out
 
@@ -312,17 +313,17 @@ def events(alarm: Sequence[bool]) -> list[int]:
     return out
 
 
-def onsets(scores: Sequence[float], threshold: float, debounce: int, warmup: int) -> list[int]:
-    return events(alarms(scores, threshold, debounce, warmup))
+def onsets(scores: Sequence[float], threshold: float, debounce: int, WARMUP: int) -> list[int]:
+    return events(alarms(scores, threshold, debounce, WARMUP))
 
 
-def calibrate(streams: Sequence[Sequence[float]], warmup: int, allowed: float) -> float:
+def calibrate(streams: Sequence[Sequence[float]], WARMUP: int, allowed: float) -> float:
     """The lowest threshold at which the incident-free ``streams`` raise at most ``allowed`` events."""
-    values = sorted(v for s in streams for v in s[warmup:])
+    values = sorted(v for s in streams for v in s[WARMUP:])
     candidates = sorted({values[min(len(values) - 1, int(q / 1000 * len(values)))] for q in range(900, 1000)})
     candidates.append(values[-1] * 1.01 + 1e-9)
     for threshold in candidates:
-        if sum(len(onsets(s, threshold, 2, warmup)) for s in streams) <= allowed:
+        if sum(len(onsets(s, threshold, 2, WARMUP)) for s in streams) <= allowed:
             return threshold
     return candidates[-1]
 
@@ -334,9 +335,14 @@ def pct(values: Sequence[float], q: float) -> float:
     return srt[min(len(srt) - 1, max(0, math.ceil(q * len(srt)) - 1))]
 
 
-def evaluate(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+def labelled_runs(
+    args: argparse.Namespace, *, skip: Collection[str] = (), gpus: int = 2
+) -> list[tuple[str, int, Incident | None]]:
+    """(label, seed, incident) of every run: calibration and incident-free runs, then ``runs_per_kind``
+    incidents of each kind at random times and GPUs. The draws are the same whatever ``skip`` and
+    ``gpus`` say, so every vendor gets the same incident times and seeds (a kind in ``skip`` has no
+    signal on the vendor: not run; a GPU past ``gpus`` becomes the last one)."""
     rng = random.Random(args.seed)
-    warmup = 120  # the first 10 min: baselines form, no alarms
     runs: list[tuple[str, int, Incident | None]] = []
     for i in range(args.calibration_runs):
         runs.append(("calibration", 10_000 + i, None))
@@ -345,8 +351,15 @@ def evaluate(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     for kind in KINDS:
         for _ in range(args.runs_per_kind):
             n = rng.randint(24, 72)
-            start = rng.randint(warmup + 60, args.ticks - n - GRACE - 1)
-            runs.append((kind, rng.randrange(1, 10**6), Incident(kind, rng.randint(0, 1), start, n)))
+            start = rng.randint(WARMUP + 60, args.ticks - n - GRACE - 1)
+            seed, gpu = rng.randrange(1, 10**6), rng.randint(0, 1)
+            if kind not in skip:
+                runs.append((kind, seed, Incident(kind, min(gpu, gpus - 1), start, n)))
+    return runs
+
+
+def evaluate(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    runs = labelled_runs(args)
     names = [n for n in DETECTORS if n in args.detectors]
     scores: dict[str, list[tuple[str, Incident | None, int, list[float]]]] = {n: [] for n in names}
     cpu = dict.fromkeys(names, 0.0)
@@ -368,7 +381,7 @@ def evaluate(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         thresholds[name] = 0.5
         if name in CALIBRATED:
             thresholds[name] = calibrate([s for label, _, _, s in scores[name] if label == "calibration"],
-                                         warmup, args.target_fp * cal_hours)  # fmt: skip
+                                         WARMUP, args.target_fp * cal_hours)  # fmt: skip
     rows: list[list[str]] = []
     summary: dict[str, Any] = {}
     free_hours = args.free_runs * 2 * args.ticks * INTERVAL / 3600
@@ -376,7 +389,7 @@ def evaluate(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     for name in names:
         debounce = 1 if name.startswith("rules") else 2
         streams[name] = [
-            (lb, inc, g, alarms(s, thresholds[name], debounce, warmup)) for lb, inc, g, s in scores[name]
+            (lb, inc, g, alarms(s, thresholds[name], debounce, WARMUP)) for lb, inc, g, s in scores[name]
         ]
     # What a sidecar would run: the rules, or-ed with one score.
     for score in ("ewma", "hst"):
@@ -685,24 +698,10 @@ def evaluate_product(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     over ``args.vendor``'s exporter: incident runs per kind (those with a signal there) and incident-free
     runs; per kind precision, recall, delays, false events; which rules fired."""
     vendor = args.vendor
-    rng = random.Random(args.seed)
-    warmup = 120
     overrides = dict(args.threshold or {})
     cfg = product_config(vendor, overrides, args.score_threshold)
     n_gpus = 1 if vendor == "jetson" else 2
-    runs: list[tuple[str, int, Incident | None]] = []
-    for i in range(args.calibration_runs):
-        runs.append(("calibration", 10_000 + i, None))
-    for i in range(args.free_runs):
-        runs.append(("free", 20_000 + i, None))
-    for kind in KINDS:
-        for _ in range(args.runs_per_kind):
-            # The same draws as the NVIDIA bench: the same incident times and seeds for every vendor.
-            n = rng.randint(24, 72)
-            start = rng.randint(warmup + 60, args.ticks - n - GRACE - 1)
-            seed, gpu = rng.randrange(1, 10**6), rng.randint(0, 1)
-            if kind not in NOT_APPLICABLE[vendor]:
-                runs.append((kind, seed, Incident(kind, min(gpu, n_gpus - 1), start, n)))
+    runs = labelled_runs(args, skip=NOT_APPLICABLE[vendor], gpus=n_gpus)
     streams: list[tuple[str, Incident | None, int, list[list[tuple[str, str]]], list[float]]] = []
     t_all = time.monotonic()
     for i, (label, seed, inc) in enumerate(runs):
@@ -718,7 +717,7 @@ def evaluate_product(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     calibrated = math.nan
     if args.calibration_runs:
         cal = [s for lb, _, _, _, s in streams if lb == "calibration"]
-        calibrated = calibrate(cal, warmup, args.target_fp * args.calibration_runs * n_gpus * hours)
+        calibrated = calibrate(cal, WARMUP, args.target_fp * args.calibration_runs * n_gpus * hours)
 
     def alarm_streams(
         threshold: float,
@@ -726,10 +725,10 @@ def evaluate_product(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         out: dict[str, list[Any]] = {n: [] for n in PRODUCT_DETECTORS}
         for lb, inc, g, f, s in streams:
             if threshold == thr:  # the product's own debounced score rule
-                ew = [t >= warmup and any(k == "score" for k, _ in x) for t, x in enumerate(f)]
+                ew = [t >= WARMUP and any(k == "score" for k, _ in x) for t, x in enumerate(f)]
             else:  # the same rule at another threshold, from the captured scores
-                ew = alarms(s, threshold, SCORE_DEBOUNCE_PRODUCT, warmup)
-            rules = [bool(x) and any(k != "score" for k, _ in x) and t >= warmup for t, x in enumerate(f)]
+                ew = alarms(s, threshold, SCORE_DEBOUNCE_PRODUCT, WARMUP)
+            rules = [bool(x) and any(k != "score" for k, _ in x) and t >= WARMUP for t, x in enumerate(f)]
             why = [",".join(sorted({r for k, r in x if k != "score"})) for x in f]
             why_e = [
                 w + ("," if w and e else "") + (f"ewma>{threshold:g}" if e else "")

@@ -22,11 +22,9 @@ import time
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 
 from cloud_ingest import settings as settings_mod
-from relay_common.mqtt_tls import tls_configure
+from cloud_ingest.subscribe import tool_client, tool_connect
 from schemas import topics
 from schemas.codec import DecodeError, EncodeError
 from schemas.codec.command import BackfillRequest, CommandResult, decode_result, encode_request
@@ -122,22 +120,13 @@ def run(args: argparse.Namespace) -> int:
             got.append(res)
             answered.set()
 
-    client = mqtt.Client(
-        callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-        client_id=f"{s.client_id}-backfill-{req.id}",
-        protocol=mqtt.MQTTv5,
-    )
-    if s.username is not None:
-        client.username_pw_set(s.username, s.password)
-    tls_configure(client, s.tls)
+    client = tool_client(s, f"{s.client_id}-backfill-{req.id}")
     client.on_message = on_message
     client.on_subscribe = lambda *a: subscribed.set()
     puback: dict[int, int] = {}
     client.on_publish = lambda c, u, mid, reason, p: puback.__setitem__(mid, getattr(reason, "value", 0))
-    props = Properties(PacketTypes.CONNECT)
-    props.SessionExpiryInterval = 0
     try:
-        client.connect(s.mqtt_host, s.mqtt_port, s.keepalive_seconds, clean_start=True, properties=props)
+        tool_connect(client, s)
     except (OSError, ValueError) as e:
         print(f"cloud-ingest backfill: cannot connect to {s.mqtt_host}:{s.mqtt_port}: {e}", file=sys.stderr)
         return 1

@@ -23,13 +23,11 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 import requests
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from prometheus_client.parser import text_string_to_metric_families
 
 from cloud_ingest import settings as settings_mod
 from cloud_ingest.fleet import VERDICTS, Fleet, NodeKey, NodeView
-from relay_common.mqtt_tls import tls_configure
+from cloud_ingest.subscribe import tool_client, tool_connect
 from schemas import codec, topics
 
 COLUMNS = (
@@ -82,14 +80,7 @@ def collect_statuses(s: settings_mod.Settings, wait: float, timeout: float = 10.
     lock = threading.Lock()
     subscribed = threading.Event()
     refused: list[str] = []
-    client = mqtt.Client(
-        callback_api_version=mqtt.CallbackAPIVersion.VERSION2,
-        client_id=f"cloud-ingest-fleet-{uuid.uuid4().hex[:12]}",
-        protocol=mqtt.MQTTv5,
-    )
-    if s.username is not None:
-        client.username_pw_set(s.username, s.password)
-    tls_configure(client, s.tls)
+    client = tool_client(s, f"cloud-ingest-fleet-{uuid.uuid4().hex[:12]}")
     status_filter = topics.status_subscription(s.topic_prefix)
 
     def on_connect(c: mqtt.Client, userdata: Any, flags: Any, reason_code: Any, props: Any) -> None:
@@ -120,10 +111,8 @@ def collect_statuses(s: settings_mod.Settings, wait: float, timeout: float = 10.
     client.on_connect = on_connect
     client.on_subscribe = on_subscribe
     client.on_message = on_message
-    props = Properties(PacketTypes.CONNECT)
-    props.SessionExpiryInterval = 0
     try:
-        client.connect(s.mqtt_host, s.mqtt_port, s.keepalive_seconds, clean_start=True, properties=props)
+        tool_connect(client, s)
     except (OSError, ValueError) as e:
         raise BrokerError(f"cannot connect to MQTT {s.mqtt_host}:{s.mqtt_port}: {e}") from e
     client.loop_start()

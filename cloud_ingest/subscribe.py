@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
@@ -36,6 +36,9 @@ from paho.mqtt.properties import Properties
 
 from relay_common.mqtt_tls import tls_configure
 from schemas import topics
+
+if TYPE_CHECKING:
+    from cloud_ingest.settings import Settings
 
 log = logging.getLogger("cloud_ingest.subscribe")
 
@@ -248,3 +251,23 @@ class Subscriber:
                 self.on_follow(message)  # QoS 0: nothing to PUBACK
                 return
         self.on_batch(message)
+
+
+def tool_client(s: Settings, client_id: str) -> mqtt.Client:
+    """An MQTT 5 client with the ingester's identity and TLS, for the one-shot commands (``fleet``,
+    ``backfill``); connect it with ``tool_connect``."""
+    client = mqtt.Client(
+        callback_api_version=mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5
+    )
+    if s.username is not None:
+        client.username_pw_set(s.username, s.password)
+    tls_configure(client, s.tls)
+    return client
+
+
+def tool_connect(client: mqtt.Client, s: Settings) -> None:
+    """Connect with a clean session that expires at once: a command leaves nothing behind at the
+    broker, and never takes over the running ingester's session. Raises OSError / ValueError."""
+    props = Properties(PacketTypes.CONNECT)
+    props.SessionExpiryInterval = 0
+    client.connect(s.mqtt_host, s.mqtt_port, s.keepalive_seconds, clean_start=True, properties=props)

@@ -87,6 +87,11 @@ class Prepared:
     commit: Callable[[], None]
     spooled_bytes: int = 0  # the row's size, for the wire ratio
 
+    @classmethod
+    def spooled(cls, row: SpoolRow) -> Prepared:
+        """The spooled batch as it is (self-contained; nothing to commit)."""
+        return cls(row.seq, row.payload, "batch", _nothing)
+
 
 def _nothing() -> None:
     return None
@@ -152,7 +157,7 @@ class StreamCoder:
     def prepare(self, row: SpoolRow) -> Prepared:
         """The payload to publish for ``row``: the next frame of the stream, or the spooled batch."""
         if not self.enabled or row.seq in self._self_contained:
-            return Prepared(row.seq, row.payload, "batch", _nothing)
+            return Prepared.spooled(row)
         batch = self.recent.get(row.seq)
         try:
             if batch is None:
@@ -162,7 +167,7 @@ class StreamCoder:
         except (codec.DecodeError, codec.EncodeError) as e:
             # The spooled batch is always publishable as it is; the stream just skips this row.
             self._log_once(e.reason, f"publishing seq {row.seq} as the spooled batch, not a v3 frame: {e}")
-            return Prepared(row.seq, row.payload, "batch", _nothing)
+            return Prepared.spooled(row)
         kind = "key" if frame_base(data) is None else "delta"
         return Prepared(row.seq, data, kind, commit, len(row.payload))
 

@@ -445,11 +445,7 @@ class Uplink:
         rows = self.queue.next_rows(self.inflight)
         sent: list[int] = []
         for row in rows:
-            prepared = (
-                self.stream.prepare(row)
-                if self.stream is not None
-                else Prepared(row.seq, row.payload, "batch", lambda: None)
-            )
+            prepared = self.stream.prepare(row) if self.stream is not None else Prepared.spooled(row)
             if not self.pacer.allows(len(prepared.payload), now):
                 break
             # Topic + header overhead is far below 1 KiB; a row the broker cannot take would block the

@@ -44,6 +44,17 @@ def to_batch(cluster: str, node: str, scrapes: Sequence[ShapedScrape]) -> Batch:
     return Batch(cluster=cluster, node=node, seq=0, labelsets=list(table), scrapes=blocks)
 
 
+def encode_checked(batch: Batch, valid: set[Labels], **options: Any) -> bytes:
+    """``codec.encode_batch`` checking only the label sets not in ``valid`` (those passed the codec's
+    checks before: a cycle's series are mostly the last cycle's), then remembering this batch's.
+    Bounded: series churn must not grow ``valid`` without limit."""
+    payload = codec.encode_batch(batch, known=valid, **options)
+    if len(valid) > _VALID_MAX:
+        valid.clear()
+    valid.update(batch.labelsets)
+    return payload
+
+
 def _halves(scrape: ShapedScrape) -> tuple[ShapedScrape, ShapedScrape]:
     mid = len(scrape) // 2
 
@@ -170,22 +181,22 @@ class BatchEncoder:
         self.version = version
         self.incarnation = incarnation  # the spool's: every batch names the spool file it is stored in
         self._last_batch: Batch | None = None
+        self._last_version = version
         self._last_payload: bytes | None = None
         # Label sets that passed the codec's checks: a cycle's series are mostly last cycle's.
         self._valid: set[Labels] = set()
 
-    def encode(self, batch: Batch, seq: int) -> bytes:
+    def encode(self, batch: Batch, seq: int, version: int | None = None) -> bytes:
+        """``batch`` as a wire envelope of ``version`` (default: the configured format version)."""
+        version = self.version if version is None else version
         batch.incarnation = self.incarnation
-        if batch is self._last_batch and self._last_payload is not None:
+        if batch is self._last_batch and version == self._last_version and self._last_payload is not None:
             # Sized a moment ago with a placeholder seq: only the header changes.
             batch.seq = seq
             return codec.with_seq(self._last_payload, seq)
         batch.seq = seq
-        payload = codec.encode_batch(batch, level=self.zstd_level, version=self.version, known=self._valid)
-        if len(self._valid) > _VALID_MAX:  # series churn must not grow it without bound
-            self._valid.clear()
-        self._valid.update(batch.labelsets)
-        self._last_batch, self._last_payload = batch, payload
+        payload = encode_checked(batch, self._valid, level=self.zstd_level, version=version)
+        self._last_batch, self._last_version, self._last_payload = batch, version, payload
         return payload
 
     def build_window(self, scrapes: Sequence[ShapedScrape]) -> list[Batch]:
@@ -211,24 +222,24 @@ class BatchEncoder:
                 done += self.build(group)
         return done
 
-    def build(self, scrapes: Sequence[ShapedScrape]) -> list[Batch]:
-        """Batches, each of which encodes to at most ``max_bytes``."""
+    def build(self, scrapes: Sequence[ShapedScrape], version: int | None = None) -> list[Batch]:
+        """Batches, each of which encodes (as ``version``) to at most ``max_bytes``."""
         scrapes = [s for s in scrapes if len(s)]
         if not scrapes:
             return []
         batch = to_batch(self.cluster, self.node, scrapes)
-        if len(self.encode(batch, WIDEST_SEQ)) <= self.max_bytes:
+        if len(self.encode(batch, WIDEST_SEQ, version)) <= self.max_bytes:
             return [batch]
         if len(scrapes) > 1:
             mid = len(scrapes) // 2
-            return self.build(scrapes[:mid]) + self.build(scrapes[mid:])
+            return self.build(scrapes[:mid], version) + self.build(scrapes[mid:], version)
         if len(scrapes[0]) <= 1:
             raise ValueError(f"a single sample encodes to more than batch.max_bytes={self.max_bytes}")
         first, second = _halves(scrapes[0])
-        return self.build([first]) + self.build([second])
+        return self.build([first], version) + self.build([second], version)
 
     def build_each(
-        self, scrapes: Sequence[ShapedScrape]
+        self, scrapes: Sequence[ShapedScrape], version: int | None = None
     ) -> tuple[list[Batch], list[tuple[ShapedScrape, str]]]:
         """``build`` scrape by scrape, for scrapes the codec refused together (``build`` or
         ``build_window`` raised): one scrape it refuses must not take the others with it. Returns the
@@ -237,7 +248,7 @@ class BatchEncoder:
         refused: list[tuple[ShapedScrape, str]] = []
         for scrape in scrapes:
             try:
-                batches += self.build([scrape])
+                batches += self.build([scrape], version)
             except ValueError as e:
                 refused.append((scrape, str(e)))
         return batches, refused

@@ -70,9 +70,9 @@ class PastParts:
             if batch is None:
                 self._jobs.popleft()
                 continue
-            size = self._sink.append(batch)
-            if size is not None:
+            payload = self._sink.append(batch)
+            if payload is not None:
                 samples += batch.sample_count
-                nbytes += size
-                self._credit -= size
+                nbytes += len(payload)
+                self._credit -= len(payload)
         return samples, nbytes

@@ -71,13 +71,16 @@ class SpoolSink:
             self._metrics.batches_spooled.inc()
             self._metrics.samples_spooled.inc(b.sample_count)
 
-    def append(self, batch: Batch) -> int | None:
-        """Store one batch under the next seq; returns its encoded size, or None if it was lost."""
+    def append(self, batch: Batch, version: int | None = None) -> bytes | None:
+        """Store one batch under the next seq (as a wire envelope of ``version``, by default the
+        configured one); returns the payload stored, or None if the batch was lost."""
         size = [self._encoder.max_bytes]
+        stored: list[bytes] = []
 
         def encode(seq: int) -> bytes:
-            payload = self._encoder.encode(batch, seq)
+            payload = self._encoder.encode(batch, seq, version)
             size[0] = len(payload)
+            stored[:] = [payload]
             return payload
 
         def append() -> int:
@@ -99,7 +102,7 @@ class SpoolSink:
             )
             return None
         self._spooled([batch], size[0])
-        return size[0]
+        return stored[0]
 
     def stage(
         self,

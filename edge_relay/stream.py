@@ -1,11 +1,13 @@
 """Stage 6a: stream coding at publication (wire format v3, ``docs/stream-codec.md``).
 
 The spool keeps every batch self-contained, in ``batch.format_version`` (v2), exactly as it keeps
-them without stream coding. The uplink publishes each row as a v3 frame that ``StreamCoder`` codes
-against the frame *published* before it: the series dictionary and the values' history are the
-ingester's state of this node, and a frame names the state it needs by id, so it decodes exactly or
-not at all. Design choice, improving on the design's section 5 (a spool of delta frames, chain-aware
-deletion and re-anchoring): the chain follows publication order, so
+them without stream coding; only a live-lane row that goes out at once is spooled as v1, the wire
+format that is quickest to write (``Relay._live_version``). The uplink publishes each row as a v3
+frame that ``StreamCoder`` codes against the frame *published* before it: the series dictionary
+and the values' history are the ingester's state of this node, and a frame names the state it needs
+by id, so it decodes exactly or not at all. Design choice, improving on the design's section 5 (a
+spool of delta frames, chain-aware deletion and re-anchoring): the chain follows publication order,
+so
 
 - what the spool stores, evicts, degrades and replays is unchanged, with no chain to keep decodable;
 - a frame an ingester cannot decode (``need_state``: restarted, a replica that never saw the chain,
@@ -85,7 +87,8 @@ class Prepared:
     payload: bytes
     kind: str  # "delta" | "key" (v3 frames) | "batch" (the spooled batch as it is)
     commit: Callable[[], None]
-    spooled_bytes: int = 0  # the row's size, for the wire ratio
+    spooled_bytes: int = 0  # the row's size and format version, for the wire ratio
+    spooled_version: int = codec.FORMAT_V2
 
     @classmethod
     def spooled(cls, row: SpoolRow) -> Prepared:
@@ -95,6 +98,11 @@ class Prepared:
 
 def _nothing() -> None:
     return None
+
+
+def _envelope_version(payload: bytes) -> int:
+    """The format version of a spooled row (the byte after the magic)."""
+    return payload[len(codec.MAGIC)] if len(payload) > len(codec.MAGIC) else 0
 
 
 class _SeqSet:
@@ -143,9 +151,10 @@ class StreamCoder:
         self._as_frames = _SeqSet()  # last published as a v3 frame
         self._self_contained = _SeqSet()  # to publish as the spooled batch (need_state, rejected)
         self._logged: set[str] = set()
-        # Wire bytes per spooled byte of the frames published lately: the budget controller weighs
-        # what the spool gets (v2 sizes) by it, so stream coding leaves room instead of degrading.
-        self.wire_ratio = 1.0
+        # Wire bytes per spooled byte of the frames published lately, by the rows' format version
+        # (v1 rows are about twice v2's size): the budget controller weighs what the spool gets by
+        # it, so stream coding leaves room instead of degrading.
+        self.wire_ratio: dict[int, float] = {}
         metrics.stream_enabled.set(1 if enabled else 0)
 
     @property
@@ -163,13 +172,14 @@ class StreamCoder:
             if batch is None:
                 batch = codec.decode_batch(row.payload)
             batch.seq = row.seq
-            data, commit = self.encoder.prepare(batch, key=self._key_next)
+            # Validated: by the codec when the sink spooled it, or when it was decoded from its row.
+            data, commit = self.encoder.prepare(batch, key=self._key_next, validated=True)
         except (codec.DecodeError, codec.EncodeError) as e:
             # The spooled batch is always publishable as it is; the stream just skips this row.
             self._log_once(e.reason, f"publishing seq {row.seq} as the spooled batch, not a v3 frame: {e}")
             return Prepared.spooled(row)
         kind = "key" if frame_base(data) is None else "delta"
-        return Prepared(row.seq, data, kind, commit, len(row.payload))
+        return Prepared(row.seq, data, kind, commit, len(row.payload), _envelope_version(row.payload))
 
     def published(self, prepared: Prepared) -> str:
         """``prepared`` went out: it is now the stream's position. Returns its kind (for metrics)."""
@@ -179,17 +189,19 @@ class StreamCoder:
             self._key_next = False
             self._as_frames.add(prepared.seq)
             if prepared.spooled_bytes:
-                ratio = len(prepared.payload) / prepared.spooled_bytes
-                self.wire_ratio += _RATIO_WEIGHT * (min(ratio, 4.0) - self.wire_ratio)
+                ratio = min(len(prepared.payload) / prepared.spooled_bytes, 4.0)
+                last = self.wire_ratio.get(prepared.spooled_version, ratio)
+                self.wire_ratio[prepared.spooled_version] = last + _RATIO_WEIGHT * (ratio - last)
         else:
             self._as_frames.discard(prepared.seq)
         self.recent.discard(prepared.seq)
         self.metrics.stream_frames.labels(kind).inc()
         return kind
 
-    def wire_bytes(self, spooled_bytes: int) -> int:
-        """About what ``spooled_bytes`` of batches will cost on the wire, at the recent ratio."""
-        ratio = self.wire_ratio if self.enabled else 1.0
+    def wire_bytes(self, spooled_bytes: int, version: int = codec.FORMAT_V2) -> int:
+        """About what ``spooled_bytes`` of batches spooled as ``version`` will cost on the wire, at the
+        recent ratio of such rows."""
+        ratio = self.wire_ratio.get(version, 1.0) if self.enabled else 1.0
         return round(spooled_bytes * ratio)
 
     def need_state(self, seq: int) -> None:

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas import codec, schema_path
-from schemas.codec import DEFAULT_LIMITS, AckResult, DecodeError, EncodeError, Limits
+from schemas.codec import DEFAULT_LIMITS, AckResult, DecodeError, EncodeError, Limits, v1
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 
 
@@ -205,6 +205,25 @@ def test_property_round_trip(batch: Batch, level: int) -> None:
     assert (header.first_ts_ms, header.last_ts_ms) == (batch.first_timestamp_ms, batch.last_timestamp_ms)
     assert header.sample_count == batch.sample_count
     assert codec.encode_batch(decoded, level, version=codec.FORMAT_V1) == data
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches(), st.booleans())
+def test_v1_body_is_the_whole_map_packed_at_once(batch: Batch, as_lists: bool) -> None:
+    """v1 writes its body piecewise, label sets from a cache; the bytes must be those of packing the
+    whole map (the format's definition), label sets given as tuples or as (unhashable) lists."""
+    if as_lists:
+        batch.labelsets = [[list(pair) for pair in ls] for ls in batch.labelsets]  # type: ignore[misc]
+    whole = {
+        "labelsets": [[part for pair in ls for part in pair] for ls in batch.labelsets],
+        "scrapes": [
+            {"t": b.timestamp_ms, "s": b.series.tobytes(), "v": b.values.tobytes()}
+            | ({} if b.timestamps is None else {"ts": b.timestamps.tobytes()})
+            for b in batch.scrapes
+        ],
+    }
+    assert v1._pack_body(batch) == msgpack.packb(whole, use_bin_type=True)
+    assert v1._pack_body(batch) == msgpack.packb(whole, use_bin_type=True)  # again, from the cache
 
 
 # --------------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ with SIGKILL: the recorder, reopened, holds every raw scrape served before the l
 from __future__ import annotations
 
 import random
+import sqlite3
 import struct
 import time
 from array import array
@@ -24,9 +25,9 @@ from hypothesis import strategies as st
 
 from edge_relay import settings as relay_settings
 from edge_relay import status_cmd, statusview
-from edge_relay.encode import BatchEncoder, decode_stage
+from edge_relay.encode import BatchEncoder, decode_stage, to_batch
 from edge_relay.ledger import LossLedger
-from edge_relay.recorder import KIND_CYCLE, KIND_V2, FlightRecorder, Gap, gaps
+from edge_relay.recorder import KIND_CYCLE, KIND_ENVELOPE, FlightRecorder, Gap, gaps
 from edge_relay.relay import Relay
 from edge_relay.retention import Policy, Retention
 from edge_relay.selfmetrics import RelayMetrics
@@ -141,12 +142,39 @@ def test_round_trip_is_bit_exact_in_both_forms(spool: Spool) -> None:
     kinds = spool.store.run(
         "kinds", lambda c: [k for (k,) in c.execute("SELECT kind FROM recorder ORDER BY id")]
     )
-    assert kinds == [KIND_V2, KIND_V2, KIND_CYCLE]  # 3 cycles a block; the 7th waits in its open block
+    assert kinds == [KIND_ENVELOPE, KIND_ENVELOPE, KIND_CYCLE]  # 3 cycles a block; the 7th is open
     readout = rec.read(T0 - 10_000, T0 + 60_000)
     got = bits_of(readout)
     assert got == bits_in(cycles)
     assert float_bits(STALE_NAN) in got.values() and float_bits(odd_nan) in got.values()
     assert rec.span() == (T0, T0 + 6007)
+
+
+@pytest.mark.parametrize("version", [codec.FORMAT_V1, codec.FORMAT_V2])
+def test_a_cycle_spooled_as_a_whole_is_kept_as_those_bytes_until_its_block_completes(
+    spool: Spool, version: int
+) -> None:
+    """The live lane hands the recorder the envelopes it just spooled: the open block's cycles are
+    stored as those very bytes (no second encoding), the completed block as one v2 envelope, and a
+    read gives every sample back bit-exact either way."""
+    rec = recorder(spool, Clock())
+    cycles = [gpu_cycle(t) for t in range(5)]
+    cycles[1].append(scrape("node", T0 + 1000, [(labels("gone"), STALE_NAN), (labels("neg"), -0.0)]))
+    payloads = []
+    for i, cycle in enumerate(cycles):
+        batch = to_batch("c", "n", cycle)
+        batch.seq = i + 1
+        payloads.append(codec.encode_batch(batch, version=version))
+        assert rec.record(cycle, [payloads[-1]])
+
+    def rows(c: sqlite3.Connection) -> list[tuple[int, bytes]]:
+        return list(c.execute("SELECT kind, payload FROM recorder ORDER BY id"))
+
+    stored = spool.store.run("rows", rows)
+    assert [k for k, _ in stored] == [KIND_ENVELOPE] * 3  # one block of 3 cycles, 2 cycles open
+    assert [p for _, p in stored[1:]] == payloads[3:]
+    assert codec.peek_header(stored[0][1]).version == codec.FORMAT_V2
+    assert bits_of(rec.read(T0 - 10_000, T0 + 60_000)) == bits_in(cycles)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -244,7 +272,7 @@ def test_a_full_spool_gives_up_recorder_blocks_before_any_batch(tmp_path: Path) 
         blocks = 0
         while not spool.recorder.evicted_samples["backlog_room"]:
             ids = spool.recorder.write(
-                [NewBlock(KIND_V2, rng.randbytes(32 * 1024), T0 + blocks, T0 + blocks, 100)],
+                [NewBlock(KIND_ENVELOPE, rng.randbytes(32 * 1024), T0 + blocks, T0 + blocks, 100)],
                 max_bytes=1 << 40,
                 oldest_ms=0,
                 reserve_bytes=0,

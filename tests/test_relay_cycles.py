@@ -9,6 +9,7 @@ and the loss ledger.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import time
 from array import array
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from edge_relay import settings as relay_settings
 from edge_relay.relay import Relay
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.shape import ShapedScrape
+from edge_relay.uplink import Uplink
 from schemas import codec
 from schemas.model import Labels
 from testkit.exporters import ScriptedExporter
@@ -123,7 +125,7 @@ def test_a_cycle_the_codec_refuses_goes_scrape_by_scrape(tmp_path: Path, exporte
         labels: list[Labels] = [(("__name__", "x"), ("job", "bad")), (("__name__", "y"), ("job", "bad"))]
         # Built by hand, past TargetShaper's checks: the encoder refuses the negative timestamp.
         bad = ShapedScrape("bad", 1_700_000_000_000, labels, array("d", [1.0, 2.0]), [1_700_000_000_000, -5])
-        assert relay._spool([bad, good]) == 1
+        assert relay._spool([bad, good]) == (1, [])  # not the whole cycle: the recorder encodes it
         assert spooled(relay) == {good.labels[0]: [(1_700_000_000_000, 1.0)]}
         assert relay.ledger.totals() == {"encode_error": 2}
         (entry,) = relay.spool.losses.entries()
@@ -292,3 +294,39 @@ def test_live_classes_leave_every_cycle_and_the_rest_waits_for_the_window(
 
 def labels_name(labels: Labels) -> str:
     return dict(labels)["__name__"]
+
+
+def test_the_live_lane_spools_the_quick_form_only_for_rows_that_go_out_at_once(
+    tmp_path: Path, exporters: ScriptedExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cycle the uplink publishes at once (connected, few rows waiting, stream coding on) is spooled
+    as v1, which the stream re-codes anyway; a row that will wait is spooled as v2, half v1's size.
+    Either way every sample is in the spool once, and the flight recorder keeps the spooled bytes
+    themselves for the cycles of its open block."""
+    connected = [False]
+    monkeypatch.setattr(Uplink, "connected", property(lambda self: connected[0]))
+    relay = open_relay(write_config(tmp_path, exporters, budget=None, names=("good",)))
+    try:
+
+        def cycle() -> None:
+            relay.cycle()
+            time.sleep(0.05)
+
+        cycle()  # no connection: the row will wait
+        connected[0] = True
+        for _ in range(5):  # rows waiting after each: 2, 3, 4, 5 (above the limit), 6
+            cycle()
+        relay.stream.configured = False
+        cycle()  # the stream coder off: the row goes out as spooled, in the configured format
+        rows = relay.spool.batches.pending(100)
+        assert [codec.peek_header(r.payload).version for r in rows] == [2, 1, 1, 1, 1, 2, 2]
+        got = spooled(relay)
+        assert {labels_name(k) for k in got} == {"good_total", "good_gauge", *SYNTHETIC}
+        assert all(len(points) == 7 for points in got.values())
+
+        def recorded(c: sqlite3.Connection) -> list[bytes]:
+            return [p for (p,) in c.execute("SELECT payload FROM recorder ORDER BY id")]
+
+        assert relay.spool.store.run("recorded", recorded) == [r.payload for r in rows]
+    finally:
+        close(relay)

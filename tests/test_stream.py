@@ -179,6 +179,29 @@ def test_a_frame_not_published_is_never_the_base_of_the_next():
     assert samples(decoder.decode(again.payload)) == samples(batches[1])
 
 
+def test_the_wire_ratio_is_kept_per_spooled_format():
+    """The budget controller weighs spooled bytes by what such rows cost on the wire. v1 rows (the
+    live lane's quick form) and v2 rows of the same data differ in size, so one ratio for both would
+    mis-charge whichever lane published last."""
+    c = coder()
+    assert c.wire_bytes(10_000, codec.FORMAT_V2) == 10_000  # nothing published yet: as spooled
+
+    def publish(seqs: range, version: int) -> None:
+        for seq in seqs:
+            b = make_batch(seq, list(range(300)), [seq * 0.25 + j for j in range(300)])
+            b.seq = seq
+            c.published(c.prepare(row_of(seq, codec.encode_batch(b, version=version))))
+
+    publish(range(1, 61), codec.FORMAT_V2)
+    v2 = c.wire_bytes(10_000, codec.FORMAT_V2)
+    assert 0 < v2 < 2_000  # delta frames are a fraction of their rows
+    assert c.wire_bytes(10_000, codec.FORMAT_V1) == 10_000  # no v1 row published yet
+    publish(range(61, 121), codec.FORMAT_V1)
+    assert c.wire_bytes(10_000, codec.FORMAT_V2) == v2  # v1 rows leave v2's ratio alone
+    assert 0 < c.wire_bytes(10_000, codec.FORMAT_V1) < 2_000
+    assert coder(enabled=False).wire_bytes(10_000, codec.FORMAT_V1) == 10_000
+
+
 def test_spooled_batch_is_published_when_coding_is_off_or_needed_self_contained():
     b = make_batch(0, [0, 1], [1.0, 2.0])
     b.seq = 1

@@ -31,6 +31,7 @@ from edge_relay.encode import BatchEncoder
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.shape import ShapedScrape
 from edge_relay.spool import MetaTable
+from schemas.codec import FORMAT_V2
 
 log = logging.getLogger("edge_relay.budget")
 
@@ -48,7 +49,7 @@ class BudgetRuntime:
         pacer: Pacer,
         meta: MetaTable,
         metrics: RelayMetrics,
-        to_wire: Callable[[int], int] = int,
+        to_wire: Callable[[int, int], int] = lambda nbytes, version: nbytes,
     ) -> None:
         self.path = path
         self._to_wire = to_wire
@@ -201,10 +202,11 @@ class BudgetRuntime:
         """Every open aggregation window, closed now (on a clean stop)."""
         return self.shaper.flush(2**62)
 
-    def produced(self, nbytes: int) -> None:
-        """Encoded bytes just added to the spool: the demand the controller weighs, as the wire will
-        carry them (``to_wire``: stream-coded frames are smaller than the spooled batches)."""
-        self.controller.produced(self._to_wire(nbytes))
+    def produced(self, nbytes: int, version: int = FORMAT_V2) -> None:
+        """Encoded bytes just added to the spool (as format ``version``): the demand the controller
+        weighs, as the wire will carry them (``to_wire``: stream-coded frames are smaller than the
+        spooled batches)."""
+        self.controller.produced(self._to_wire(nbytes, version))
 
     def tick(self, backlog_bytes: int) -> None:
         """Once per cycle, after the cycle is spooled."""

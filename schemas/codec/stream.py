@@ -108,11 +108,16 @@ class StreamEncoder:
         commit()
         return data
 
-    def prepare(self, batch: Batch, *, key: bool = False) -> tuple[bytes, Callable[[], None]]:
+    def prepare(
+        self, batch: Batch, *, key: bool = False, validated: bool = False
+    ) -> tuple[bytes, Callable[[], None]]:
         """``encode`` in two steps: the frame, and the call that makes it the stream's position. A frame
         that is not published after all (the uplink's pacer said wait) is dropped uncommitted, so the
-        next frame is not coded against a state no decoder ever saw."""
-        self._check(batch)
+        next frame is not coded against a state no decoder ever saw.
+
+        ``validated``: ``batch`` passed ``encode_batch``'s or ``decode_batch``'s checks under these
+        limits (the relay's spooled batches all did), so only its node is checked again."""
+        self._check(batch, validated)
         base = self._state
         if (
             base is None
@@ -153,9 +158,11 @@ class StreamEncoder:
             raise EncodeError("need_state", "no frame encoded yet")
         return encode_state(self.cluster, self._state, self.level)
 
-    def _check(self, batch: Batch) -> None:
+    def _check(self, batch: Batch, validated: bool = False) -> None:
         if (batch.cluster, batch.node) != (self.cluster, self.node):
             raise EncodeError("bad_header", f"batch of {batch.node!r} given to the encoder of {self.node!r}")
+        if validated:
+            return
         # Label sets already in the dictionary passed these checks when they were added.
         known = self._state.index if self._state is not None else ()
         try:

@@ -33,7 +33,33 @@ CODEC_V1: Final = "msgpack+zstd"
 _BODY_READ_SIZE: Final = 64 << 10
 
 
+# Packed label sets by label set. The edge writes a live cycle's rows as v1 (the quickest form to
+# write), and a cycle's series are mostly the last cycle's: a label set is packed once, not every
+# cycle (0.8 -> 0.15 us a sample on the simulator's workload). Bounded: cleared when full, like the
+# relay's cache of validated label sets; only a cost, never a difference in the bytes.
+_PACKED_LABELS: dict[Labels, bytes] = {}
+_PACKED_LABELS_MAX: Final = 500_000
+
+
+def _packed_labels(labels: Labels) -> bytes:
+    try:
+        packed = _PACKED_LABELS.get(labels)
+    except TypeError:  # a label set of lists (not hashable): packed every time
+        return _pack_labels(labels)
+    if packed is None:
+        if len(_PACKED_LABELS) >= _PACKED_LABELS_MAX:
+            _PACKED_LABELS.clear()
+        packed = _PACKED_LABELS[labels] = _pack_labels(labels)
+    return packed
+
+
+def _pack_labels(labels: Labels) -> bytes:
+    return msgpack.packb([part for pair in labels for part in pair], use_bin_type=True)  # flat k, v, ...
+
+
 def _pack_body(batch: Batch) -> bytes:
+    """msgpack({"labelsets": [...], "scrapes": [...]}), written piecewise so that each label set's
+    packed bytes come from the cache; byte for byte what packing the whole map writes."""
     scrapes = []
     for block in batch.scrapes:
         scrape: dict[str, Any] = {
@@ -44,8 +70,15 @@ def _pack_body(batch: Batch) -> bytes:
         if block.timestamps is not None:
             scrape["ts"] = _column_to_bytes("q", block.timestamps)
         scrapes.append(scrape)
-    labelsets = [[part for pair in labels for part in pair] for labels in batch.labelsets]
-    return msgpack.packb({"labelsets": labelsets, "scrapes": scrapes}, use_bin_type=True)
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [
+        packer.pack_map_header(2),
+        packer.pack("labelsets"),
+        packer.pack_array_header(len(batch.labelsets)),
+    ]
+    parts += map(_packed_labels, batch.labelsets)
+    parts += (packer.pack("scrapes"), packer.pack(scrapes))
+    return b"".join(parts)
 
 
 def encode_body(batch: Batch, level: int, limits: Limits) -> tuple[bytes, int, int, int]:

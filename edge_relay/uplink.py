@@ -442,11 +442,20 @@ class Uplink:
                 self.cfg.ack_timeout_seconds,
                 len(expired),
             )
-        rows = self.queue.next_rows(self.inflight)
+        # Fresh rows first, then the backlog, oldest data first; a fresh row the pacer holds back is
+        # skipped, a backlog row stops the pump, and a head held back for a fill time goes first
+        # (SendQueue: every row goes in the end while the bucket refills).
+        rows = self.queue.next_rows(self.inflight, hold_s=self.pacer.fill_seconds)
         sent: list[int] = []
         for row in rows:
             prepared = self.stream.prepare(row) if self.stream is not None else Prepared.spooled(row)
+            if prepared.kind == "delta" and len(prepared.payload) > len(row.payload):
+                # Coded against a frame of the other lane (a window after a live batch), a delta frame
+                # can cost more than the self-contained batch: that goes instead, and the chain stays.
+                prepared = Prepared.spooled(row)
             if not self.pacer.allows(len(prepared.payload), now):
+                if self.queue.held(row):
+                    continue
                 break
             # Topic + header overhead is far below 1 KiB; a row the broker cannot take would block the
             # spool forever, so it is set aside (kept, counted, reported) instead.

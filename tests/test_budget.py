@@ -177,6 +177,32 @@ def test_implicit_class_follows_classes_that_do_not_match_everything(tmp_path: P
     assert b.classify((("__name__", "node_load1"),)) == 1
 
 
+def test_the_critical_class_is_live_unless_it_says_windowed(tmp_path: Path) -> None:
+    """Issue 13: a class named `critical` or with a `*-critical` preset defaults to `latency: live`;
+    every other class to windowed; an explicit `latency` wins either way."""
+    b = load(
+        write(
+            tmp_path,
+            with_classes(
+                "  - {name: critical, match: [{name: 'a'}]}\n"
+                "  - {name: gpu, preset: dcgm-critical}\n"
+                "  - {name: quiet, preset: amd-critical, latency: windowed}\n"
+                "  - {name: fast, match: [{name: 'b'}], latency: live}\n"
+                "  - {name: kepler, preset: kepler}\n"
+            ),
+        )
+    )
+    assert [(c.name, c.live) for c in b.classes] == [
+        ("critical", True),
+        ("gpu", True),
+        ("quiet", False),
+        ("fast", True),
+        ("kepler", False),
+        ("other", False),
+    ]
+    assert b.live_classes == frozenset({0, 1, 3})
+
+
 def test_parse_takes_a_document_and_leaves_it_alone() -> None:
     doc = yaml.safe_load(EXAMPLE)
     before = json.dumps(doc, sort_keys=True)

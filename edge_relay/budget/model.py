@@ -514,6 +514,13 @@ def _matchers(raw: dict[str, Any], key: str, source: str) -> tuple[Matcher, ...]
     return tuple(matchers)
 
 
+def _default_latency(raw: dict[str, Any]) -> str:
+    """The critical class is live unless it says otherwise: its series are the ones an operator watches
+    (a class named ``critical``, or one with a ``*-critical`` preset); every other class is windowed."""
+    critical = raw["name"] == "critical" or str(raw.get("preset", "")).endswith("-critical")
+    return "live" if critical else "windowed"
+
+
 def _classes(raw: list[dict[str, Any]], source: str) -> tuple[ClassPolicy, ...]:
     classes: list[ClassPolicy] = []
     seen: dict[str, int] = {}
@@ -556,10 +563,7 @@ def _classes(raw: list[dict[str, Any]], source: str) -> tuple[ClassPolicy, ...]:
                 heartbeat_s=float(c.get("suppress_unchanged", {}).get("heartbeat_seconds", 0)),
                 max_resolution_s=max_resolution,
                 counters=PRESET_COUNTERS | frozenset(c.get("counters", ())),
-                # Windowed unless it says live: a live class beside windows under a tight budget left a
-                # window unsent at the end of tests/test_budget_e2e.py's drain under heavy load
-                # (docs/stream-codec.md, "Budget lanes").
-                live=c.get("latency", "windowed") == "live",
+                live=c.get("latency", _default_latency(c)) == "live",
             )
         )
     if not classes or classes[-1].matchers:

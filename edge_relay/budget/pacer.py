@@ -7,7 +7,8 @@
   each connect, ``allows(payload_bytes, now)`` before each batch it would publish (False: the batch
   waits; the time batches wait is added up in ``paced_seconds``), ``charge_publish(payload_bytes)`` after
   each batch it did publish, and ``meter(sock)`` after every network-loop turn. ``waiting`` says a batch
-  is waiting for the budget.
+  is waiting for the budget; ``fill_seconds`` (the bucket's depth over its rate) is how long its send
+  queue lets fresh batches go ahead of one the pacer holds back.
 - **The controller** (the relay's main thread) reads ``wire_total`` (bytes the connection carried, both
   directions, over the relay's life) and ``published_payload_bytes`` (batch payloads published, for the
   wire/payload overhead), and calls ``configure(rate, burst)`` once per cycle.
@@ -153,6 +154,13 @@ class TokenBucket:
         self._refill()
         return self.tokens > 0 and self.tokens >= min(nbytes, self.depth)
 
+    @property
+    def fill_seconds(self) -> float:
+        """How long an empty bucket takes to fill (0 unlimited, infinite with a rate of 0)."""
+        if self.rate is None:
+            return 0.0
+        return self.depth / self.rate if self.rate > 0 else float("inf")
+
 
 class Pacer:
     """The token bucket and the wire meter of the broker connection, shared by uplink and controller
@@ -185,6 +193,12 @@ class Pacer:
     def new_connection(self) -> None:
         """A new connection is about to be made: its kernel counters start from zero."""
         self.wire.new_connection()
+
+    @property
+    def fill_seconds(self) -> float:
+        """How long the empty bucket takes to fill: how long the send queue lets fresh rows go ahead of
+        a row the pacer holds back (``SendQueue.next_rows``'s ``hold_s``)."""
+        return self.bucket.fill_seconds
 
     @property
     def waiting(self) -> bool:

@@ -89,10 +89,24 @@ class SendQueue:
 
     ``order="strict"``: one batch at a time, oldest data first, so even a receiver without an
     out-of-order window sees every series in time order (at the price of one round trip per batch).
-    ``order="live_first"``: the newest batch, when it is fresh (created within two intervals and never
-    sent), goes first, so dashboards are current as soon as the link is back; the backlog drains
-    oldest-first in the rest of the window (a live batch that finds the window full goes first once an
-    ack frees a slot).
+    ``order="live_first"``: the newest batches (two at most), when they are fresh (created within two
+    intervals and never sent), go first, oldest of them first, so dashboards are current as soon as the
+    link is back; the backlog drains oldest data first in the rest of the window (a live batch that
+    finds the window full goes first once an ack frees a slot).
+
+    Under a budget the uplink asks the pacer before each row, in this order, and reports a refusal with
+    ``held``. The rule that keeps every row moving (docs/stream-codec.md, "Budget lanes"):
+
+    - a refused *fresh* row is skipped: the next row may still fit (a big window just packed must not
+      hold back the small live batch of the same cycle, which would miss its freshness and land in the
+      backlog behind older-data windows);
+    - a refused *backlog* row stops the pump: nothing behind it in data order overtakes it;
+    - the backlog's head (the oldest-data row not in flight) that the pacer has held back for longer than
+      ``hold_s`` (the bucket's fill time, at least two intervals) goes first: fresh rows no longer go
+      ahead of it until it is published, so the bucket fills for it (a row larger than the bucket goes
+      when the bucket is full). Fresh rows taking the tokens first every cycle can thus delay the head
+      by about ``hold_s`` plus one fill time, never forever; and as only finitely many rows are older
+      than any given row, every row is published in the end while the bucket refills.
     """
 
     def __init__(
@@ -111,26 +125,48 @@ class SendQueue:
         self.inflight_limit = inflight_limit
         self.live_window_s = live_window_s
         self._clock_s = clock_s
+        self._fresh: frozenset[int] = frozenset()  # the fresh rows of the last answer (skipped if held)
+        self._head: int | None = None  # the backlog's head of the last answer
+        self._head_held_at: float | None = None  # when the pacer first held it back (clock_s)
 
-    def next_rows(self, inflight: InFlight) -> list[SpoolRow]:
-        """The rows to publish now, in the order to publish them."""
+    def next_rows(self, inflight: InFlight, *, hold_s: float = 0.0) -> list[SpoolRow]:
+        """The rows to publish now, in the order to publish them. ``hold_s``: how long the pacer may
+        hold back the backlog's head while fresh rows go first (at least two intervals)."""
         busy = inflight.seqs
+        self._fresh = frozenset()
         if self.order == "strict":
             return [] if busy else self._batches.pending(1, order=Order.OLDEST_DATA)
         room = self.inflight_limit - len(busy)
         if room <= 0:
             return []
-        fresh_after_ms = int(self._clock_s() * 1000) - int(2 * self.live_window_s * 1000)
+        now = self._clock_s()
+        fresh_after_ms = int(now * 1000) - int(2 * self.live_window_s * 1000)
         live = [
             r
             for r in self._batches.pending(min(room, 2), exclude=busy, order=Order.NEWEST)
             if r.attempts == 0 and r.created_ms >= fresh_after_ms
         ]
-        backlog_room = room - len(live)
-        if backlog_room <= 0:
-            return live
+        live.reverse()  # the older of the two first: a cycle's batches go in the order they were made
         taken = busy.union(r.seq for r in live)
-        return live + self._batches.pending(backlog_room, exclude=taken, order=Order.OLDEST_DATA)
+        # The backlog's head is looked up even when the fresh rows fill the room: it may be due.
+        backlog = self._batches.pending(max(room - len(live), 1), exclude=taken, order=Order.OLDEST_DATA)
+        head = backlog[0].seq if backlog else None
+        if head != self._head:
+            self._head, self._head_held_at = head, None
+        held_at = self._head_held_at
+        if held_at is not None and now - held_at >= max(hold_s, 2 * self.live_window_s):
+            return (backlog + live)[:room]  # the head is due: nothing goes ahead of it
+        self._fresh = frozenset(r.seq for r in live)
+        return (live + backlog)[:room]
+
+    def held(self, row: SpoolRow) -> bool:
+        """The pacer held ``row`` (from the last ``next_rows``) back. True: go on with the next row (a
+        fresh row, skipped); False: stop here (nothing overtakes a backlog row)."""
+        if row.seq in self._fresh:
+            return True
+        if row.seq == self._head and self._head_held_at is None:
+            self._head_held_at = self._clock_s()
+        return False
 
     @property
     def incarnation(self) -> int:

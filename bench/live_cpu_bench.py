@@ -79,7 +79,8 @@ def main() -> int:
         relay.encoder.build = stages.wrap("encode the spooled batch", relay.encoder.build)  # type: ignore[method-assign]
         relay.sink.append = stages.wrap("append it to the spool", relay.sink.append)  # type: ignore[method-assign]
         relay.recorder.record = stages.wrap("flight recorder", relay.recorder.record)  # type: ignore[method-assign]
-        relay.stream.encoder.prepare = stages.wrap("stream-code the row (v3)", relay.stream.encoder.prepare)  # type: ignore[method-assign]
+        live_chain = relay.stream.encoders[0]
+        live_chain.prepare = stages.wrap("stream-code the row (v3)", live_chain.prepare)  # type: ignore[method-assign]
 
         def step() -> None:
             relay.cycle()

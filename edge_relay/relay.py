@@ -175,6 +175,7 @@ class Relay:
             enabled=s.stream_enabled,
             keyframe_every=s.stream_keyframe_every,
             level=s.zstd_level,
+            interval_s=s.interval_seconds,
         )
         # Paces the uplink (unlimited unless a budget configures it) and meters its connection's bytes.
         self.pacer = Pacer(self.metrics)

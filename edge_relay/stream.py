@@ -45,6 +45,8 @@ log = logging.getLogger("edge_relay.stream")
 
 # Reasons an ingester gives for a format it does not know (schemas.codec: unknown_version/_codec).
 _UNKNOWN_FORMAT = ("unknown_version", "unknown_codec")
+LIVE, WINDOWED = 0, 1  # the stream's chains: rows of one cycle, and rows of several (windows)
+LANES = (LIVE, WINDOWED)
 _RATIO_WEIGHT = 0.1  # EWMA weight of one frame in wire_ratio
 _TRACKED_SEQS = 65_536  # unacked seqs remembered (rows evicted unacked never come back to clear theirs)
 
@@ -89,6 +91,7 @@ class Prepared:
     commit: Callable[[], None]
     spooled_bytes: int = 0  # the row's size and format version, for the wire ratio
     spooled_version: int = codec.FORMAT_V2
+    lane: int = 0  # the chain it was coded in (LIVE, WINDOWED)
 
     @classmethod
     def spooled(cls, row: SpoolRow) -> Prepared:
@@ -138,16 +141,24 @@ class StreamCoder:
         keyframe_every: int = 360,
         level: int = 3,
         pause_s: float = 3600.0,
+        interval_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.encoder = StreamEncoder(cluster, node, keyframe_every=keyframe_every, level=level)
+        # One chain per lane: a window coded against the live frame published before it would name
+        # every one of its series anew (22 KB where 6 KB against the last window, on the budget e2e
+        # test); each frame names its base, so which chain a row goes in is only a matter of bytes.
+        self.encoders = tuple(
+            StreamEncoder(cluster, node, keyframe_every=keyframe_every, level=level) for _ in LANES
+        )
+        # A row spanning more than this is a window (or a past part, a backfill): the windowed chain.
+        self._window_span_ms = int(1.5 * interval_s * 1000) if interval_s > 0 else 2**62
         self.recent = recent
         self.metrics = metrics
         self.configured = enabled
         self.pause_s = pause_s
         self._clock = clock
         self._paused_until = 0.0
-        self._key_next = False
+        self._key_next = [False for _ in LANES]
         self._as_frames = _SeqSet()  # last published as a v3 frame
         self._self_contained = _SeqSet()  # to publish as the spooled batch (need_state, rejected)
         self._logged: set[str] = set()
@@ -172,21 +183,26 @@ class StreamCoder:
             if batch is None:
                 batch = codec.decode_batch(row.payload)
             batch.seq = row.seq
+            lane = (
+                WINDOWED
+                if batch.last_timestamp_ms - batch.first_timestamp_ms > self._window_span_ms
+                else LIVE
+            )
             # Validated: by the codec when the sink spooled it, or when it was decoded from its row.
-            data, commit = self.encoder.prepare(batch, key=self._key_next, validated=True)
+            data, commit = self.encoders[lane].prepare(batch, key=self._key_next[lane], validated=True)
         except (codec.DecodeError, codec.EncodeError) as e:
             # The spooled batch is always publishable as it is; the stream just skips this row.
             self._log_once(e.reason, f"publishing seq {row.seq} as the spooled batch, not a v3 frame: {e}")
             return Prepared.spooled(row)
         kind = "key" if frame_base(data) is None else "delta"
-        return Prepared(row.seq, data, kind, commit, len(row.payload), _envelope_version(row.payload))
+        return Prepared(row.seq, data, kind, commit, len(row.payload), _envelope_version(row.payload), lane)
 
     def published(self, prepared: Prepared) -> str:
         """``prepared`` went out: it is now the stream's position. Returns its kind (for metrics)."""
         kind = prepared.kind
         if kind != "batch":
             prepared.commit()
-            self._key_next = False
+            self._key_next[prepared.lane] = False
             self._as_frames.add(prepared.seq)
             if prepared.spooled_bytes:
                 ratio = min(len(prepared.payload) / prepared.spooled_bytes, 4.0)
@@ -209,7 +225,7 @@ class StreamCoder:
         spooled batch, and the next frame restarts the chain."""
         self.metrics.stream_need_state.inc()
         self._self_contained.add(seq)
-        self._key_next = True
+        self._key_next = [True for _ in LANES]
 
     def rejected(self, seq: int, reason: str) -> bool:
         """A ``rejected`` ack: True when it was for a v3 frame, which is then published again as the
@@ -219,7 +235,7 @@ class StreamCoder:
             return False
         self._as_frames.discard(seq)
         self._self_contained.add(seq)
-        self._key_next = True
+        self._key_next = [True for _ in LANES]
         if reason.split(":", 1)[0].strip() in _UNKNOWN_FORMAT and self.enabled:
             self._paused_until = self._clock() + self.pause_s
             log.warning(
@@ -237,7 +253,7 @@ class StreamCoder:
 
     def new_session(self) -> None:
         """A new MQTT connection: frames published on the old one may never have been delivered."""
-        self._key_next = True
+        self._key_next = [True for _ in LANES]
 
     def _log_once(self, key: str, message: str) -> None:
         if key not in self._logged:

@@ -22,7 +22,7 @@ from edge_relay.stream import RecentBatches, StreamCoder
 from edge_relay.uplink import apply_ack
 from schemas import codec
 from schemas.codec import Ack, AckResult
-from schemas.codec.stream import StreamDecoder
+from schemas.codec.stream import CHAINS, StreamDecoder, StreamEncoder, frame_base
 from schemas.model import Batch, Labels, ScrapeBlock
 
 CLUSTER, NODE = "c1", "n1"
@@ -177,6 +177,80 @@ def test_a_frame_not_published_is_never_the_base_of_the_next():
     again = c.prepare(row_of(2, codec.encode_batch(batches[1])))
     c.published(again)
     assert samples(decoder.decode(again.payload)) == samples(batches[1])
+
+
+def window_batch(first_cycle: int, cycles: int, present: list[int]) -> Batch:
+    """``cycles`` scrapes 5 s apart of the series in ``present`` (a batch window's row)."""
+    labels = [series(i) for i in present]
+    blocks = [
+        ScrapeBlock(
+            1_700_000_000_000 + (first_cycle + c) * 5000,
+            array("I", range(len(labels))),
+            array("d", [float(first_cycle + c + j) for j in range(len(labels))]),
+        )
+        for c in range(cycles)
+    ]
+    return Batch(CLUSTER, NODE, 0, labels, blocks, incarnation=7)
+
+
+def test_live_and_windowed_rows_are_coded_in_chains_of_their_own():
+    """A window is coded against the last window, not against the live frame published just before it
+    (which would name every series of the window anew); a decoder keeping only the newest state of
+    each chain beside one recent state decodes both chains, a dozen live frames between two windows."""
+    c = coder(interval_s=5.0)
+    decoder = StreamDecoder(keep=1)
+    window_frames: list[bytes] = []
+    seq = 0
+    for w in range(4):
+        for cycle in range(12):
+            seq += 1
+            live = make_batch(w * 12 + cycle, [0, 1, 2], [float(seq), 2.0, 3.0])  # the critical class
+            live.seq = seq
+            prepared = c.prepare(row_of(seq, codec.encode_batch(live)))
+            c.published(prepared)
+            assert samples(decoder.decode(prepared.payload)) == samples(live)
+        seq += 1
+        window = window_batch(w * 12, 12, list(range(3, 40)))
+        window.seq = seq
+        prepared = c.prepare(row_of(seq, codec.encode_batch(window)))
+        c.published(prepared)
+        assert samples(decoder.decode(prepared.payload)) == samples(window)
+        window_frames.append(prepared.payload)
+    bases = [frame_base(f) for f in window_frames]
+    assert bases[0] is None and None not in bases[1:]  # one key frame, then deltas of its own chain
+    one_chain = coder()  # interval unknown: every row in one chain, windows after live frames
+    sizes = []
+    for seq in range(1, len(window_frames) + 1):
+        live = make_batch(seq, [0, 1, 2], [float(seq), 2.0, 3.0])
+        live.seq = 2 * seq - 1
+        one_chain.published(one_chain.prepare(row_of(live.seq, codec.encode_batch(live))))
+        window = window_batch((seq - 1) * 12, 12, list(range(3, 40)))
+        window.seq = 2 * seq
+        sizes.append(len(one_chain.prepare(row_of(window.seq, codec.encode_batch(window))).payload))
+    assert sum(map(len, window_frames[1:])) < sum(sizes[1:])
+
+
+def test_a_decoder_keeps_each_chains_newest_state():
+    """``keep`` newest states plus each chain's newest: a chain idle for many frames of another still
+    decodes; a key frame starts a chain, and beyond CHAINS chains the least recently moved one goes."""
+    encoders = [StreamEncoder(CLUSTER, NODE) for _ in range(CHAINS + 1)]
+    decoder = StreamDecoder(keep=1)
+
+    def frame(chain: int, cycle: int) -> bytes:
+        b = make_batch(cycle, [chain, 10 + chain], [float(cycle), float(chain)])
+        b.seq = cycle
+        return encoders[chain].encode(b)
+
+    decoder.decode(frame(0, 1))
+    for cycle in range(2, 30):
+        decoder.decode(frame(1, cycle))
+    decoder.decode(frame(0, 30))  # chain 0's tip outlived 28 frames of chain 1
+    for chain in range(2, CHAINS + 1):  # more chains start: chain 1, the least recently moved, goes
+        decoder.decode(frame(chain, 31))
+    with pytest.raises(codec.DecodeError) as e:
+        decoder.decode(frame(1, 32))
+    assert e.value.reason == "need_state"
+    decoder.decode(frame(0, 33))
 
 
 def test_the_wire_ratio_is_kept_per_spooled_format():

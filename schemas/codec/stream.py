@@ -193,12 +193,44 @@ class StreamEncoder:
         return out, state
 
 
+CHAINS: Final = 3  # chain positions kept per node: the live and the windowed lane, and one just ended
+
+
+class _NodeStates:
+    """The states a decoder holds of one node: the newest (``recent``), and each chain's newest
+    (``tips``: a state replaces its base there; a key frame starts a chain, the least recent goes)."""
+
+    __slots__ = ("recent", "tips")
+
+    def __init__(self) -> None:
+        self.recent: OrderedDict[bytes, State] = OrderedDict()
+        self.tips: OrderedDict[bytes, State] = OrderedDict()
+
+    def get(self, sid: bytes) -> State | None:
+        held = self.recent.get(sid)
+        return held if held is not None else self.tips.get(sid)
+
+    def put(self, state: State, base: bytes | None, keep: int) -> None:
+        for held in (self.recent, self.tips):
+            held[state.sid] = state
+            held.move_to_end(state.sid)
+        while len(self.recent) > keep:
+            self.recent.popitem(last=False)
+        if base is not None:
+            self.tips.pop(base, None)
+        while len(self.tips) > CHAINS:
+            self.tips.popitem(last=False)
+
+
 class StreamDecoder:
     """Decodes frames of any format version; v3 delta frames against the states it holds or looks up.
 
     Keeps the ``keep`` newest states per node, so a redelivered frame (QoS 1) still finds its base,
-    and with ``max_nodes`` the states of at most that many nodes: storing a state of one more node
-    forgets the node least recently stored (its next delta frame is refused with ``need_state``).
+    plus the newest state of each of the node's last ``CHAINS`` chains (a relay codes its live and its
+    windowed lane in chains of their own: the windowed chain's position must outlive the dozen live
+    frames between two windows), and with ``max_nodes`` the states of at most that many nodes: storing
+    a state of one more node forgets the node least recently stored (its next delta frame is refused
+    with ``need_state``).
     """
 
     def __init__(
@@ -208,7 +240,7 @@ class StreamDecoder:
         self.keep = max(1, keep)
         self.max_nodes = None if max_nodes is None else max(1, max_nodes)
         self.evicted = 0  # nodes forgotten to stay within max_nodes
-        self._states: OrderedDict[tuple[str, str], OrderedDict[bytes, State]] = OrderedDict()
+        self._states: OrderedDict[tuple[str, str], _NodeStates] = OrderedDict()
 
     @property
     def nodes(self) -> int:
@@ -216,7 +248,8 @@ class StreamDecoder:
         return len(self._states)
 
     def has_state(self, cluster: str, node: str, sid: bytes) -> bool:
-        return sid in self._states.get((cluster, node), {})
+        held = self._states.get((cluster, node))
+        return held is not None and held.get(sid) is not None
 
     def forget(self, cluster: str, node: str) -> None:
         self._states.pop((cluster, node), None)
@@ -245,7 +278,7 @@ class StreamDecoder:
             content = v3.content_of(compressed, self.limits)
             batch, state = v3.decode_frame(base, header, content, self.limits)
             batch.incarnation = header.incarnation
-            self._store(header.cluster, state)
+            self._store(header.cluster, state, base_id)
             return header, batch, state.sid
 
         result: tuple[Header, Batch, bytes | None] = _run(go)
@@ -258,7 +291,8 @@ class StreamDecoder:
         return state.sid
 
     def _find(self, cluster: str, node: str, sid: bytes, lookup: StateLookup | None) -> State:
-        held = self._states.get((cluster, node), {}).get(sid)
+        states = self._states.get((cluster, node))
+        held = states.get(sid) if states is not None else None
         if held is not None:
             return held
         message = lookup(cluster, node, sid) if lookup is not None else None
@@ -272,14 +306,13 @@ class StreamDecoder:
                 return state
         _fail("need_state", f"no state {sid.hex()} of node {node!r}")
 
-    def _store(self, cluster: str, state: State) -> None:
+    def _store(self, cluster: str, state: State, base: bytes | None = None) -> None:
         key = (cluster, state.node)
-        states = self._states.setdefault(key, OrderedDict())
+        states = self._states.get(key)
+        if states is None:
+            states = self._states[key] = _NodeStates()
         self._states.move_to_end(key)
-        states[state.sid] = state
-        states.move_to_end(state.sid)
-        while len(states) > self.keep:
-            states.popitem(last=False)
+        states.put(state, base, self.keep)
         while self.max_nodes is not None and len(self._states) > self.max_nodes:
             self._states.popitem(last=False)
             self.evicted += 1

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import TYPE_CHECKING, Final
 
-from edge_relay.encode import decode_stage, encode_checked, encode_stage, to_batch
+from edge_relay.encode import RecentLabels, decode_stage, encode_checked, encode_stage, to_batch
 from edge_relay.shape import ShapedScrape
 from edge_relay.spool.errors import SpoolFullError
 from edge_relay.spool.recorder import NewBlock, RecordedBlock, RecorderStats, RecorderTable
@@ -130,7 +130,7 @@ class FlightRecorder:
         self._open: list[list[ShapedScrape]] = []
         self._open_ids: list[int] = []
         self._open_last_ms = 0
-        self._valid: set[Labels] = set()  # label sets a block already carried: not checked again
+        self._valid = RecentLabels()  # label sets a block carried lately: not checked again
         self._last_error: dict[str, str] = {}
         self._seen_evicted: dict[str, int] = dict(table.evicted_samples)
         if metrics is not None:

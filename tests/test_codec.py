@@ -207,6 +207,18 @@ def test_property_round_trip(batch: Batch, level: int) -> None:
     assert codec.encode_batch(decoded, level, version=codec.FORMAT_V1) == data
 
 
+def test_v1_label_cache_holds_recent_label_sets_only() -> None:
+    """The v1 packing cache keeps two generations of bodies' label sets: a node's churn over hours
+    does not grow it."""
+    for i in range(200):
+        labelsets = [mg.labels("pod_cpu", pod=f"p{i}-{j}") for j in range(50)]
+        batch = Batch(
+            "c", "n", 1, labelsets, [ScrapeBlock(T0, array("I", range(50)), array("d", [1.0] * 50))]
+        )
+        v1._pack_body(batch)
+    assert len(v1._packed) + len(v1._packed_before) <= 2 * v1._GENERATION * 50
+
+
 @settings(max_examples=200, deadline=None)
 @given(batches(), st.booleans())
 def test_v1_body_is_the_whole_map_packed_at_once(batch: Batch, as_lists: bool) -> None:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from edge_relay.encode import BatchEncoder, decode_stage, dedupe_window, encode_stage, to_batch
+from edge_relay.encode import BatchEncoder, RecentLabels, decode_stage, dedupe_window, encode_stage, to_batch
 from edge_relay.shape import ShapedScrape
 from schemas import codec
 from schemas.model import STALE_NAN, Batch, Labels, float_bits
@@ -362,3 +362,19 @@ def test_encoding_again_with_the_real_seq_reuses_the_body_and_equals_a_fresh_enc
     assert codec.decode_batch(again).seq == 42
     with pytest.raises(codec.WireError):
         codec.with_seq(again, -1)
+
+
+def test_recent_labels_forget_series_gone_for_two_generations() -> None:
+    """What the encoders remember as valid is bounded by the live series plus recent churn: a series
+    replaced long ago is forgotten (and checked again if it ever comes back), a live one never is."""
+    valid = RecentLabels(generation=4)
+    live = [(("__name__", "up"), ("i", str(i))) for i in range(5)]
+    churned: list[Labels] = []
+    for cycle in range(40):
+        new = [(("__name__", "pod_cpu"), ("pod", f"p{cycle}-{j}")) for j in range(3)]
+        churned += new
+        valid.remember(live + new)
+        assert all(labels in valid for labels in live + new)
+    assert not any(labels in valid for labels in churned[: 3 * 36])  # gone since the last fresh start
+    held = sum(labels in valid for labels in churned)
+    assert 3 <= held <= 3 * 4  # at most one generation of churn

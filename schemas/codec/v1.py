@@ -35,21 +35,32 @@ _BODY_READ_SIZE: Final = 64 << 10
 
 # Packed label sets by label set. The edge writes a live cycle's rows as v1 (the quickest form to
 # write), and a cycle's series are mostly the last cycle's: a label set is packed once, not every
-# cycle (0.8 -> 0.15 us a sample on the simulator's workload). Bounded: cleared when full, like the
-# relay's cache of validated label sets; only a cost, never a difference in the bytes.
-_PACKED_LABELS: dict[Labels, bytes] = {}
-_PACKED_LABELS_MAX: Final = 500_000
+# cycle (0.8 -> 0.15 us a sample on the simulator's workload). Two generations, the older dropped
+# every _GENERATION bodies, so what it holds is the live series plus a few dozen bodies' churn, never
+# every series a node ever had; only a cost, never a difference in the bytes.
+_GENERATION: Final = 16
+_packed: dict[Labels, bytes] = {}
+_packed_before: dict[Labels, bytes] = {}
+_bodies = 0
+
+
+def _next_body() -> None:
+    global _packed, _packed_before, _bodies
+    _bodies += 1
+    if _bodies >= _GENERATION:
+        _packed_before, _packed, _bodies = _packed, {}, 0
 
 
 def _packed_labels(labels: Labels) -> bytes:
     try:
-        packed = _PACKED_LABELS.get(labels)
+        packed = _packed.get(labels)
     except TypeError:  # a label set of lists (not hashable): packed every time
         return _pack_labels(labels)
     if packed is None:
-        if len(_PACKED_LABELS) >= _PACKED_LABELS_MAX:
-            _PACKED_LABELS.clear()
-        packed = _PACKED_LABELS[labels] = _pack_labels(labels)
+        packed = _packed_before.get(labels)
+        if packed is None:
+            packed = _pack_labels(labels)
+        _packed[labels] = packed
     return packed
 
 
@@ -70,6 +81,7 @@ def _pack_body(batch: Batch) -> bytes:
         if block.timestamps is not None:
             scrape["ts"] = _column_to_bytes("q", block.timestamps)
         scrapes.append(scrape)
+    _next_body()
     packer = msgpack.Packer(use_bin_type=True)
     parts = [
         packer.pack_map_header(2),

@@ -5,6 +5,7 @@ Not a test: it prints markdown tables (the ones in ``docs/stream-codec.md``).
     python bench/stream_codec_bench.py record --out /tmp/sim.rec --series 2000 --hours 3
     python bench/stream_codec_bench.py record-node --out /tmp/node.rec --scrapes 300
     python bench/stream_codec_bench.py compare /tmp/sim.rec [/tmp/node.rec] [--frames N]
+    python bench/stream_codec_bench.py windowed /tmp/sim.rec [--window 12] [--levels 3 19] [--mc-levels 3 19]
 
 A recording is a list of *frames*: one scrape cycle of every target (live mode sends one frame per
 cycle), each target parsed and shaped as the relay does (``TargetShaper``: job/instance/node labels,
@@ -21,6 +22,12 @@ the value reference:
 - ``delta``: decimal-scaled (or raw-bit) integer minus the previous frame's;
 - ``dod``: delta of that delta;
 - ``key``: integer minus the last keyframe's (any holder of the keyframe decodes any frame).
+
+``windowed`` measures the frames the relay publishes in windowed mode (a budget's batch window):
+``--window`` consecutive recorded cycles per window, through the relay's own path (``dedupe_window``,
+``BatchEncoder.build_window`` with the default ``batch.max_bytes``, then ``StreamEncoder``), whole
+envelopes; then where the delta frames' bytes go (per section and per metric family, before and
+after zstd) and what other zstd levels would make of the same content (no wire-format change).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import argparse
 import math
 import pickle
+import struct
 import subprocess
 import sys
 import time
@@ -36,6 +44,7 @@ from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
@@ -586,6 +595,234 @@ def compare(path: Path, limit: int, keyframes: list[int], v2_every: int, modes: 
         )
 
 
+# ------------------------------------------------------------------------------------------ windowed
+
+
+def _window_batches(frames: list[Frame], window: int, source: object) -> list[Batch]:
+    """The relay's windowed batches: ``window`` cycles each, cut by ``build_window`` as the relay does."""
+    from edge_relay.encode import BatchEncoder, dedupe_window
+    from edge_relay.shape import ShapedScrape
+
+    names: Sequence[str] = ()
+    if source == "simulator":
+        from simulator import EXPORTERS
+
+        names = EXPORTERS
+    be = BatchEncoder("lab", NODE, max_bytes=1_000_000, zstd_level=3, version=2, incarnation=1)
+    batches: list[Batch] = []
+    for start in range(0, len(frames) - window + 1, window):
+        scrapes = [
+            ShapedScrape(names[t] if t < len(names) else f"target{t}", ts, labels, values)
+            for frame in frames[start : start + window]
+            for t, ts, labels, values in frame
+        ]
+        for batch in be.build_window(dedupe_window(scrapes)[0]):
+            be.encode(batch, len(batches) + 1)  # the spool's row: sets seq and incarnation
+            batches.append(batch)
+    return batches
+
+
+def _frame_content(data: bytes) -> tuple[int, bytes]:
+    """(envelope bytes around the zstd frame, decompressed content) of a v3 frame."""
+    from schemas.codec import v3
+    from schemas.codec.envelope import _open_envelope
+
+    _, body, _ = _open_envelope(data, codec.DEFAULT_LIMITS)
+    compressed = v3.split_body(body)[1]
+    return len(data) - len(compressed), v3.content_of(compressed, codec.DEFAULT_LIMITS)
+
+
+def windowed(path: Path, window: int, levels: Sequence[int], top: int, every: int) -> None:
+    from schemas.codec import v3
+
+    frames, meta = load(path)
+    batches = _window_batches(frames, window, meta.get("source"))
+    enc = codec.StreamEncoder("lab", NODE, keyframe_every=every, multicycle=False)
+    dec = codec.StreamDecoder()
+    te = td = 0.0
+    out: list[tuple[bytes, Batch, bool, list[Labels], list[int]]] = []
+    for batch in batches:
+        t = time.process_time()
+        data = enc.encode(batch)
+        te += time.process_time() - t
+        t = time.process_time()
+        got = dec.decode(data)
+        td += time.process_time() - t
+        if got.sample_count != batch.sample_count:
+            raise AssertionError(f"frame {batch.seq} does not decode to its batch")
+        st = enc._state  # the dictionary and the blocks' coded order (ids) the frame was coded in
+        assert st is not None
+        ids = [i for _, coded in st.blocks for i in coded]
+        out.append((data, batch, codec.frame_base(data) is None, st.labels, ids))
+    samples = sum(b.sample_count for b in batches)
+    delta = [o for o in out if not o[2]]
+    key_bytes = sum(len(o[0]) for o in out if o[2])
+    key_samples = sum(o[1].sample_count for o in out if o[2])
+    delta_samples = max(sum(o[1].sample_count for o in delta), 1)
+    print(f"\n### {path.name}: {meta}, windows of {window} cycles\n")
+    print(
+        "| frames | key frames | samples/frame | B/sample | key frames B/sample | delta frames B/sample |"
+        " enc us/sample | dec us/sample |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print(
+        f"| {len(out)} | {len(out) - len(delta)} | {samples / len(out):.0f} | "
+        f"{sum(len(o[0]) for o in out) / samples:.3f} | {key_bytes / max(key_samples, 1):.3f} | "
+        f"{sum(len(o[0]) for o in delta) / delta_samples:.3f} | {te * 1e6 / samples:.2f} | "
+        f"{td * 1e6 / samples:.2f} |",
+        flush=True,
+    )
+    # Where the delta frames' bytes go: sections, then the values (EXC + DELTAS) by metric family.
+    cctx = zstandard.ZstdCompressor(level=3)
+    groups = {
+        "ADDED": "new label sets",
+        "BLOCKS": "blocks (membership, timestamps)",
+        "TS": "TS",
+        "EXC": "exceptions",
+        "DELTAS": "deltas",
+    }
+    raw: dict[str, int] = {}
+    alone: dict[str, int] = {}
+    fam_n: dict[str, int] = {}
+    fam_raw: dict[str, int] = {}
+    fam_bytes: dict[str, bytearray] = {}
+    envelope = whole = 0
+    contents = []
+    for data, _batch, key, labels, ids in out:
+        env, content = _frame_content(data)
+        contents.append((key, env, content))
+        if key:
+            continue
+        envelope += env
+        whole += len(cctx.compress(content))
+        sections = _unstreams(content, len(v3.V3_SECTIONS))
+        for name, part in zip(v3.V3_SECTIONS, sections, strict=True):
+            g = groups.get(name, groups["ADDED"])
+            raw[g] = raw.get(g, 0) + len(part)
+            alone[g] = alone.get(g, 0) + (len(cctx.compress(part)) if part else 0)
+        # the samples' bytes: an exception's gap, kind and integer, else its delta varint
+        er = columnar.Reader(sections[8], "EXC")
+        exc: dict[int, int] = {}
+        pos = -1
+        for _ in range(er.uvarint()):
+            start = er.pos
+            pos += er.uvarint() + 1
+            kind = er.take(1)[0]
+            if kind != v3.KIND_STALE:
+                er.uvarint()
+            exc[pos] = er.pos - start
+        dr = columnar.Reader(sections[9], "DELTAS")
+        for pos, i in enumerate(ids):
+            fam = dict(labels[i])["__name__"]
+            fam_n[fam] = fam_n.get(fam, 0) + 1
+            if pos in exc:
+                fam_raw[fam] = fam_raw.get(fam, 0) + exc[pos]
+                continue
+            start = dr.pos
+            dr.uvarint()
+            fam_raw[fam] = fam_raw.get(fam, 0) + dr.pos - start
+            fam_bytes.setdefault(fam, bytearray()).extend(sections[9][start : dr.pos])
+    print("\nDelta frames by section (each section zstd-3 alone, and the frame as sent):\n")
+    print("| section | raw B/sample | zstd B/sample |\n| --- | --- | --- |")
+    for g, n in raw.items():
+        print(f"| {g} | {n / delta_samples:.3f} | {alone[g] / delta_samples:.3f} |")
+    print(f"| whole content, one zstd frame | {sum(raw.values()) / delta_samples:.3f} | ", end="")
+    print(f"{whole / delta_samples:.3f} |")
+    print(f"| envelope (header, frame kind, base sid) | - | {envelope / delta_samples:.3f} |")
+    fam_z = {f: len(cctx.compress(bytes(b))) for f, b in fam_bytes.items()}
+    print(f"\nValue bytes of the delta frames by metric family (top {top}; deltas zstd-3 per family):\n")
+    print(
+        "| family | share of samples | exceptions + deltas raw B/sample | deltas zstd B/sample |"
+        " share of zstd value bytes |"
+    )
+    print("| --- | --- | --- | --- | --- |")
+    total_z = max(sum(fam_z.values()), 1)
+    for fam in sorted(fam_n, key=lambda f: -fam_z.get(f, 0))[:top]:
+        n = fam_n[fam]
+        print(
+            f"| {fam} | {n / delta_samples:.1%} | {fam_raw[fam] / n:.2f} | {fam_z.get(fam, 0) / n:.2f} | "
+            f"{fam_z.get(fam, 0) / total_z:.1%} |"
+        )
+    print("\nThe same contents with other zstd parameters (no wire-format change; envelope included):\n")
+    print("| zstd | B/sample | delta frames B/sample | compress us/sample | decompress us/sample |")
+    print("| --- | --- | --- | --- | --- |")
+    dctx = zstandard.ZstdDecompressor()
+    for level in levels:
+        cc = zstandard.ZstdCompressor(level=level, write_content_size=True, write_checksum=True)
+        size = dsize = 0
+        tc = tdz = 0.0
+        for key, env, content in contents:
+            t = time.process_time()
+            z = cc.compress(content)
+            tc += time.process_time() - t
+            t = time.process_time()
+            if dctx.decompress(z) != content:
+                raise AssertionError("zstd round trip")
+            tdz += time.process_time() - t
+            size += len(z) + env
+            dsize += 0 if key else len(z) + env
+        print(
+            f"| level {level} | {size / samples:.3f} | {dsize / delta_samples:.3f} | "
+            f"{tc * 1e6 / samples:.3f} | {tdz * 1e6 / samples:.3f} |",
+            flush=True,
+        )
+
+
+def _samples(batch: Batch) -> list[tuple[Labels, int, int]]:
+    return sorted(
+        (batch.labelsets[s], block.sample_timestamp(p), struct.unpack("<Q", struct.pack("<d", v))[0])
+        for block in batch.scrapes
+        for p, (s, v) in enumerate(zip(block.series, block.values, strict=True))
+    )
+
+
+def multicycle(path: Path, window: int, levels: Sequence[int], every: int) -> None:
+    """The same windows as frames of the multi-cycle layout (kinds 0x02/0x03) beside the single-cycle
+    ones: whole envelopes, encode (layout + zstd) and decode CPU, checked bit for bit."""
+    frames, meta = load(path)
+    batches = _window_batches(frames, window, meta.get("source"))
+    samples = sum(b.sample_count for b in batches)
+    print(f"\n### {path.name}: multi-cycle layout, windows of {window} cycles, {samples} samples\n")
+    print(
+        "| layout | predictor orders | zstd | B/sample | delta frames B/sample | key frames B/sample |"
+        " enc us/sample | dec us/sample | round trip |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    variants: list[tuple[str, str, int, dict[str, Any]]] = [
+        ("single-cycle (0x00/0x01)", "2", 3, {"multicycle": False})
+    ]
+    for orders in ((1, 2), (1, 2, 3, 4)):
+        for level in levels:
+            kw: dict[str, Any] = {"orders": orders, "multicycle_level": level}
+            variants.append(
+                ("multi-cycle (0x02/0x03)", "-".join(map(str, (orders[0], orders[-1]))), level, kw)
+            )
+    for layout, orders_name, level, kw in variants:
+        enc = codec.StreamEncoder("lab", NODE, keyframe_every=every, **kw)
+        dec = codec.StreamDecoder()
+        te = td = 0.0
+        size = [0, 0]
+        n_key = 0
+        ok = True
+        for batch in batches:
+            t = time.process_time()
+            data = enc.encode(batch)
+            te += time.process_time() - t
+            t = time.process_time()
+            got = dec.decode(data)
+            td += time.process_time() - t
+            ok = ok and _samples(got) == _samples(batch)
+            key = codec.frame_base(data) is None
+            size[key] += len(data)
+            n_key += batch.sample_count if key else 0
+        print(
+            f"| {layout} | {orders_name} | {level} | {sum(size) / samples:.3f} | "
+            f"{size[0] / max(samples - n_key, 1):.3f} | {size[1] / max(n_key, 1):.3f} | "
+            f"{te * 1e6 / samples:.2f} | {td * 1e6 / samples:.2f} | {'bit-exact' if ok else 'FAIL'} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -605,11 +842,24 @@ def main() -> None:
     cmp_.add_argument("--keyframes", type=int, nargs="+", default=[60, 360, 720])
     cmp_.add_argument("--v2-every", type=int, default=10, help="encode every Nth frame as v2")
     cmp_.add_argument("--modes", nargs="*", default=list(MODES), choices=MODES, help="none: v2 and v3 only")
+    win = sub.add_parser("windowed", help="windowed-mode frames (a batch window of cycles per frame)")
+    win.add_argument("recordings", type=Path, nargs="+")
+    win.add_argument("--window", type=int, default=12, help="cycles per window (60 s at 5 s: 12)")
+    win.add_argument("--levels", type=int, nargs="+", default=[3, 6, 9, 12, 19])
+    win.add_argument("--top", type=int, default=12, help="families listed")
+    win.add_argument("--keyframes", type=int, default=360, help="keyframe_every")
+    win.add_argument("--mc-levels", type=int, nargs="+", default=[3, 19], help="multi-cycle zstd levels")
+    win.add_argument("--only-multicycle", action="store_true", help="just the multi-cycle layout table")
     args = ap.parse_args()
     if args.cmd == "record":
         record_simulator(args.out, args.series, args.hours, args.interval)
     elif args.cmd == "record-node":
         record_node_exporter(args.out, args.scrapes, args.interval, args.port)
+    elif args.cmd == "windowed":
+        for path in args.recordings:
+            if not args.only_multicycle:
+                windowed(path, args.window, args.levels, args.top, args.keyframes)
+            multicycle(path, args.window, args.mc_levels, args.keyframes)
     else:
         for path in args.recordings:
             compare(path, args.frames, args.keyframes, args.v2_every, args.modes)

@@ -345,7 +345,8 @@ def test_restart_mid_stream_recovers_from_the_state_message(case: tuple[list[Bat
 
 
 def _frames() -> tuple[list[bytes], list[bytes | None]]:
-    enc = StreamEncoder("lab", "edge-01")
+    # The single-cycle layout (0x00/0x01) even for the window: see tests/test_codec_v3_multicycle.py.
+    enc = StreamEncoder("lab", "edge-01", multicycle=False)
     frames, states = [], []
     for b in [mg.batch_window(), *stream(3)]:
         b.node = "edge-01"

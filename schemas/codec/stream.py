@@ -17,7 +17,7 @@ from typing import Final
 import msgpack
 
 from schemas import columnar
-from schemas.codec import v3
+from schemas.codec import v3, v3_multicycle
 from schemas.codec.compression import DEFAULT_ZSTD_LEVEL, _bounded_decompress, _compressor
 from schemas.codec.envelope import MAGIC, _open_envelope, decode_batch
 from schemas.codec.limits import (
@@ -85,9 +85,20 @@ class StreamEncoder:
         keyframe_every: int = DEFAULT_KEYFRAME_EVERY,
         level: int = DEFAULT_ZSTD_LEVEL,
         limits: Limits = DEFAULT_LIMITS,
+        multicycle: bool = True,
+        multicycle_level: int = v3_multicycle.DEFAULT_LEVEL,
+        orders: tuple[int, ...] = v3_multicycle.ORDERS,
     ) -> None:
+        """``multicycle``: a batch of several scrape cycles (a window) goes in the multi-cycle layout
+        (frame kinds 0x02/0x03), compressed at ``multicycle_level``, predictor orders from ``orders``;
+        a batch of one cycle is always a 0x00/0x01 frame."""
         if keyframe_every < 1:
             raise ValueError("keyframe_every must be >= 1")
+        if not orders or not set(orders) <= set(v3_multicycle.ORDERS):
+            raise ValueError(f"orders must be among {v3_multicycle.ORDERS}")
+        self.multicycle = multicycle
+        self.multicycle_level = multicycle_level
+        self.orders = tuple(orders)
         self.cluster = cluster
         self.node = node
         self.keyframe_every = keyframe_every
@@ -171,8 +182,14 @@ class StreamEncoder:
             raise EncodeError(exc.reason, exc.message) from None
 
     def _frame(self, base: State | None, batch: Batch) -> tuple[bytes, State]:
+        cycle = v3_multicycle.cycle_length(batch) if self.multicycle else 0
         try:
-            content, state = v3.encode_frame(base, batch, self.limits)
+            if cycle:
+                content, state = v3_multicycle.encode_frame(base, batch, self.limits, cycle, self.orders)
+                body = v3.pack_body(base, content, self.multicycle_level, multicycle=True)
+            else:
+                content, state = v3.encode_frame(base, batch, self.limits)
+                body = v3.pack_body(base, content, self.level)
         except _Invalid as exc:
             raise EncodeError(exc.reason, exc.message) from None
         header = {
@@ -183,7 +200,7 @@ class StreamEncoder:
             "t1": batch.last_timestamp_ms,
             "n": batch.sample_count,
             "codec": CODEC_V3,
-            "body": v3.pack_body(base, content, self.level),
+            "body": body,
         }
         if batch.incarnation:
             header["inc"] = batch.incarnation
@@ -271,12 +288,12 @@ class StreamDecoder:
             header, body, _ = _open_envelope(data, self.limits)
             if header.version != FORMAT_V3:
                 return header, decode_batch(data, self.limits), None
-            base_id, compressed = v3.split_body(body)
+            kind, base_id, compressed = v3.split_frame(body)
             base = None
             if base_id is not None:
                 base = self._find(header.cluster, header.node, base_id, state_lookup)
             content = v3.content_of(compressed, self.limits)
-            batch, state = v3.decode_frame(base, header, content, self.limits)
+            batch, state = v3.decode_kind(kind)(base, header, content, self.limits)
             batch.incarnation = header.incarnation
             self._store(header.cluster, state, base_id)
             return header, batch, state.sid

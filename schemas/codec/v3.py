@@ -11,6 +11,8 @@ against the series' last two values; anything else is an *exception* carrying th
 This module is the frame transform (``encode_frame`` / ``decode_frame``) and the v3 body framing;
 ``stream`` keeps the states (encoder, decoder, state messages).  ``decode_body`` (what ``envelope``
 dispatches to) decodes key frames only: a delta frame needs state, so it raises ``need_state``.
+Frames of several scrape cycles (windowed mode) have a layout of their own, kinds 0x02/0x03 on the
+same state: ``v3_multicycle``; this module frames and dispatches them (``split_frame``, ``decode_kind``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import struct
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -34,6 +37,12 @@ SID_BYTES: Final = 16
 NO_BASE: Final = bytes(SID_BYTES)  # the "state" a key frame is coded against
 FRAME_KEY: Final = 0x00
 FRAME_DELTA: Final = 0x01
+FRAME_MC_KEY: Final = 0x02  # multi-cycle layout (``v3_multicycle``): a frame of several scrape cycles
+FRAME_MC_DELTA: Final = 0x03
+FRAME_KINDS: Final = frozenset((FRAME_KEY, FRAME_DELTA, FRAME_MC_KEY, FRAME_MC_DELTA))
+# The reason a decoder gives for a frame kind it does not know: an ingester older than the encoder,
+# not a broken frame (the relay stops stream coding for a while on it, as on an unknown version).
+UNKNOWN_FRAME_KIND: Final = "unknown_codec"
 
 # The sections of a frame's content, in wire order (each uvarint length + bytes).
 V3_SECTIONS: Final = ("ADDED", "LMETA", "LSTRLEN", "LSTR", "LSCHEMA", "LIDS", "BLOCKS", "TS", "EXC", "DELTAS")
@@ -148,6 +157,26 @@ def encode_frame(base: State | None, batch: Batch, limits: Limits) -> tuple[byte
     too_many_label_pairs) when the dictionary would outgrow its caps: the caller sends a key frame.
     """
     st = State(batch.node) if base is None else base.derive()
+    added, to_id = _add_series(st, batch, limits)
+    blocks_out = bytearray()
+    ts_out = bytearray()
+    _put(blocks_out, len(batch.scrapes))
+    coded_ids: list[int] = []
+    coded_vals: list[float] = []
+    new_blocks: list[tuple[int, list[int]]] = []
+    for j, block in enumerate(batch.scrapes):
+        ref = st.blocks[j] if j < len(st.blocks) else (0, [])
+        coded, values = _code_block(blocks_out, ts_out, block, to_id, ref)
+        coded_ids += coded
+        coded_vals += values
+        new_blocks.append((block.timestamp_ms, coded))
+    st.blocks = new_blocks
+    exc, deltas = _encode_values(st, coded_ids, coded_vals)
+    return _seal(st, base, batch.node, added, (bytes(blocks_out), bytes(ts_out), exc, deltas), limits)
+
+
+def _add_series(st: State, batch: Batch, limits: Limits) -> tuple[list[Labels], list[int]]:
+    """(label sets new to the dictionary, batch series index -> id), the dictionary grown in ``st``."""
     added: list[Labels] = []
     to_id: list[int] = []
     for labels in batch.labelsets:
@@ -160,61 +189,64 @@ def encode_frame(base: State | None, batch: Batch, limits: Limits) -> tuple[byte
         _fail("too_many_series", f"dictionary of {len(st.labels)} series > {limits.max_series}")
     if st.pairs > limits.max_label_pairs:
         _fail("too_many_label_pairs", f"dictionary of {st.pairs} label pairs > {limits.max_label_pairs}")
-    blocks_out = bytearray()
-    ts_out = bytearray()
-    _put(blocks_out, len(batch.scrapes))
-    coded_ids: list[int] = []
-    coded_vals: list[float] = []
-    new_blocks: list[tuple[int, list[int]]] = []
-    for j, block in enumerate(batch.scrapes):
-        ref_t, ref_ids = st.blocks[j] if j < len(st.blocks) else (0, [])
-        ids = list(map(to_id.__getitem__, block.series))
-        flags = BLOCK_TIMESTAMPS if block.timestamps is not None else 0
-        if len(ids) == len(ref_ids) and set(ids) == set(ref_ids):
-            if ids == ref_ids:
-                perm = None
-            else:  # the reference's order: the decoder rebuilds membership from it
-                where = dict(zip(ids, range(len(ids)), strict=True))
-                perm = list(map(where.__getitem__, ref_ids))
-            coded = ref_ids
-        else:
-            flags |= BLOCK_MEMBERS
-            now = set(ids)
-            before = set(ref_ids)
-            gone = [p for p, i in enumerate(ref_ids) if i not in now]
-            fresh = [i for i in ids if i not in before]
-            coded = [i for i in ref_ids if i in now] + fresh
+    return added, to_id
+
+
+def _code_block(
+    out: bytearray, ts_out: bytearray, block: ScrapeBlock, to_id: list[int], ref: tuple[int, list[int]]
+) -> tuple[list[int], list[float]]:
+    """Code one block against its reference block into BLOCKS (``out``) and TS: returns its coded
+    ids (the reference's order, then the new members) and its values in that order."""
+    ref_t, ref_ids = ref
+    ids = list(map(to_id.__getitem__, block.series))
+    flags = BLOCK_TIMESTAMPS if block.timestamps is not None else 0
+    if len(ids) == len(ref_ids) and set(ids) == set(ref_ids):
+        if ids == ref_ids:
+            perm = None
+        else:  # the reference's order: the decoder rebuilds membership from it
             where = dict(zip(ids, range(len(ids)), strict=True))
-            perm = list(map(where.__getitem__, coded))
-        _put(blocks_out, flags)
-        _put(blocks_out, _zz(block.timestamp_ms - ref_t))
-        if flags & BLOCK_MEMBERS:
-            _put(blocks_out, len(gone))
-            prev = -1
-            for p in gone:
-                _put(blocks_out, p - prev - 1)
-                prev = p
-            _put(blocks_out, len(fresh))
-            for i in fresh:
-                _put(blocks_out, i)
-        values = block.values if perm is None else list(map(block.values.__getitem__, perm))
-        if block.timestamps is not None:
-            stamps = block.timestamps if perm is None else list(map(block.timestamps.__getitem__, perm))
-            t = block.timestamp_ms
-            for ts in stamps:
-                _put(ts_out, _zz(ts - t))
-        coded_ids += coded
-        coded_vals += values
-        new_blocks.append((block.timestamp_ms, coded))
-    st.blocks = new_blocks
-    exc, deltas = _encode_values(st, coded_ids, coded_vals)
+            perm = list(map(where.__getitem__, ref_ids))
+        coded = ref_ids
+    else:
+        flags |= BLOCK_MEMBERS
+        now = set(ids)
+        before = set(ref_ids)
+        gone = [p for p, i in enumerate(ref_ids) if i not in now]
+        fresh = [i for i in ids if i not in before]
+        coded = [i for i in ref_ids if i in now] + fresh
+        where = dict(zip(ids, range(len(ids)), strict=True))
+        perm = list(map(where.__getitem__, coded))
+    _put(out, flags)
+    _put(out, _zz(block.timestamp_ms - ref_t))
+    if flags & BLOCK_MEMBERS:
+        _put(out, len(gone))
+        prev = -1
+        for p in gone:
+            _put(out, p - prev - 1)
+            prev = p
+        _put(out, len(fresh))
+        for i in fresh:
+            _put(out, i)
+    values = block.values if perm is None else list(map(block.values.__getitem__, perm))
+    if block.timestamps is not None:
+        stamps = block.timestamps if perm is None else list(map(block.timestamps.__getitem__, perm))
+        t = block.timestamp_ms
+        for ts in stamps:
+            _put(ts_out, _zz(ts - t))
+    return coded, values
+
+
+def _seal(
+    st: State, base: State | None, node: str, added: list[Labels], rest: tuple[bytes, ...], limits: Limits
+) -> tuple[bytes, State]:
+    """The content (ADDED, the label sections, then ``rest``) and ``st`` named by its state id."""
     head = bytearray()
     _put(head, len(added))
     labels = _encode_labels_v2(added) if added else (b"",) * 5
-    content = _sections((bytes(head), *labels, bytes(blocks_out), bytes(ts_out), exc, deltas))
+    content = _sections((bytes(head), *labels, *rest))
     if len(content) > limits.max_decompressed_bytes:
         _fail("decompression_limit", f"frame of {len(content)} bytes; split the batch")
-    st.sid = state_id(batch.node, NO_BASE if base is None else base.sid, content)
+    st.sid = state_id(node, NO_BASE if base is None else base.sid, content)
     return content, st
 
 
@@ -276,23 +308,34 @@ def _sections(parts: tuple[bytes, ...]) -> bytes:
     return bytes(out)
 
 
-def pack_body(base: State | None, content: bytes, level: int) -> bytes:
-    """The v3 body: frame kind byte, the base state id (delta frames), one zstd frame of the content."""
-    prefix = bytes((FRAME_KEY,)) if base is None else bytes((FRAME_DELTA,)) + base.sid
+def pack_body(base: State | None, content: bytes, level: int, *, multicycle: bool = False) -> bytes:
+    """The v3 body: frame kind byte, the base state id (delta frames), one zstd frame of the content.
+    ``multicycle``: the content is in the multi-cycle layout (``v3_multicycle``, kinds 0x02/0x03)."""
+    if base is None:
+        prefix = bytes((FRAME_MC_KEY if multicycle else FRAME_KEY,))
+    else:
+        prefix = bytes((FRAME_MC_DELTA if multicycle else FRAME_DELTA,)) + base.sid
     return prefix + _compressor(level).compress(content)
+
+
+def split_frame(body: bytes) -> tuple[int, bytes | None, bytes]:
+    """(frame kind, base state id or None for a key frame, the compressed content) of a v3 body."""
+    if not body:
+        _fail("malformed", "empty v3 body")
+    kind = body[0]
+    if kind in (FRAME_KEY, FRAME_MC_KEY):
+        return kind, None, body[1:]
+    if kind in (FRAME_DELTA, FRAME_MC_DELTA):
+        if len(body) < 1 + SID_BYTES:
+            _fail("malformed", "v3 delta frame shorter than its base state id")
+        return kind, body[1 : 1 + SID_BYTES], body[1 + SID_BYTES :]
+    _fail(UNKNOWN_FRAME_KIND, f"unknown v3 frame kind 0x{kind:02x}")
 
 
 def split_body(body: bytes) -> tuple[bytes | None, bytes]:
     """(base state id or None for a key frame, the compressed content) of a v3 body."""
-    if not body:
-        _fail("malformed", "empty v3 body")
-    if body[0] == FRAME_KEY:
-        return None, body[1:]
-    if body[0] == FRAME_DELTA:
-        if len(body) < 1 + SID_BYTES:
-            _fail("malformed", "v3 delta frame shorter than its base state id")
-        return body[1 : 1 + SID_BYTES], body[1 + SID_BYTES :]
-    _fail("malformed", f"unknown v3 frame kind 0x{body[0]:02x}")
+    _, base, compressed = split_frame(body)
+    return base, compressed
 
 
 def content_of(compressed: bytes, limits: Limits) -> bytes:
@@ -306,14 +349,30 @@ def decode_frame(base: State | None, header: Header, content: bytes, limits: Lim
     that size is built; ``base`` is never modified.
     """
     st = State(header.node) if base is None else base.derive()
+    parts = read_sections(content, V3_SECTIONS)
+    read_added(st, parts, limits)
+    blocks, ids = _read_blocks(st, parts[6], parts[7], limits)
+    if len(ids) != header.sample_count:
+        _fail("header_mismatch", f"header n={header.sample_count}, frame has {len(ids)} samples")
+    values = _decode_values(st, ids, parts[8], parts[9])
+    st.blocks = [(t, coded) for t, coded, _ in blocks]
+    return finish(st, base, header, content, blocks, values)
+
+
+def read_sections(content: bytes, names: tuple[str, ...]) -> list[bytes]:
     r = columnar.Reader(content, "frame")
     parts = []
-    for name in V3_SECTIONS:
+    for name in names:
         if not r.remaining():
             _fail("malformed", f"frame ends before section {name}")
         size = r.uvarint()
         parts.append(r.take(size))
     r.done()
+    return parts
+
+
+def read_added(st: State, parts: list[bytes], limits: Limits) -> None:
+    """ADDED and the label sections (``parts[0:6]``): the new series, added to ``st``'s dictionary."""
     added_reader = columnar.Reader(parts[0], "ADDED")
     n_added = added_reader.count(limits.max_series - len(st.labels), "too_many_series", "new series")
     added_reader.done()
@@ -326,10 +385,12 @@ def decode_frame(base: State | None, header: Header, content: bytes, limits: Lim
             _fail("too_many_label_pairs", f"dictionary of more than {limits.max_label_pairs} label pairs")
     elif any(parts[1:6]):
         _fail("length_mismatch", "label sections without new series")
-    blocks, ids = _read_blocks(st, parts[6], parts[7], limits)
-    if len(ids) != header.sample_count:
-        _fail("header_mismatch", f"header n={header.sample_count}, frame has {len(ids)} samples")
-    values = _decode_values(st, ids, parts[8], parts[9])
+
+
+def finish(
+    st: State, base: State | None, header: Header, content: bytes, blocks: list[_Block], values: list[float]
+) -> tuple[Batch, State]:
+    """The batch of the decoded blocks and values (checked against the header) and ``st`` named."""
     # The batch names only the series this frame uses, in first-use order.
     local: dict[int, int] = {}
     out_blocks = []
@@ -351,7 +412,6 @@ def decode_frame(base: State | None, header: Header, content: bytes, limits: Lim
             "header_mismatch",
             f"header t0..t1={header.first_ts_ms}..{header.last_ts_ms}, frame has {bounds[0]}..{bounds[1]}",
         )
-    st.blocks = [(t, coded) for t, coded, _ in blocks]
     st.sid = state_id(header.node, NO_BASE if base is None else base.sid, content)
     labelsets = [st.labels[i] for i in local]
     return Batch(header.cluster, header.node, header.seq, labelsets, out_blocks), st
@@ -365,69 +425,60 @@ def _read_blocks(st: State, buf: bytes, ts_buf: bytes, limits: Limits) -> tuple[
     r = columnar.Reader(buf, "BLOCKS")
     tr = columnar.Reader(ts_buf, "TS")
     n_blocks = r.count(limits.max_scrapes, "too_many_scrapes", "blocks")
-    n_dict = len(st.labels)
     blocks: list[_Block] = []
     ids: list[int] = []
     for j in range(n_blocks):
-        ref_t, ref_ids = st.blocks[j] if j < len(st.blocks) else (0, [])
-        flags = r.uvarint()
-        if flags & ~_BLOCK_FLAGS:
-            _fail("malformed", f"BLOCKS: unknown block flags 0x{flags:x}")
-        t = ref_t + columnar.unzigzag(r.uvarint())
-        if not 0 <= t <= INT64_MAX:
-            _fail("bad_timestamp", f"BLOCKS: timestamp {t} outside 0..2^63-1")
-        if flags & BLOCK_MEMBERS:
-            n_gone = r.count(len(ref_ids), "bad_index", "removed series")
-            gone = set()
-            p = -1
-            for _ in range(n_gone):
-                p += r.uvarint() + 1
-                if p >= len(ref_ids):
-                    _fail("bad_index", f"BLOCKS: removed position {p} >= {len(ref_ids)}")
-                gone.add(p)
-            # Every id takes a byte, and the frame's samples are capped: both before the list exists.
-            n_fresh = r.count(min(n_dict, r.remaining()), "bad_index", "new block members")
-            fresh = r.uvarints(n_fresh)
-            if fresh and max(fresh) >= n_dict:
-                _fail("bad_index", f"BLOCKS: series id {max(fresh)} >= {n_dict} in the dictionary")
-            coded = [i for p, i in enumerate(ref_ids) if p not in gone] + fresh
-            if len(set(coded)) != len(coded):
-                _fail("duplicate_sample", f"BLOCKS: a series twice in block {j}")
-        else:
-            coded = ref_ids
-        if len(ids) + len(coded) > limits.max_samples:
+        block = read_block(r, tr, j, st.blocks[j] if j < len(st.blocks) else (0, []), len(st.labels))
+        if len(ids) + len(block[1]) > limits.max_samples:
             _fail("too_many_samples", f"more than {limits.max_samples} samples")
-        stamps = None
-        if flags & BLOCK_TIMESTAMPS:
-            stamps = [t + columnar.unzigzag(z) for z in tr.uvarints(len(coded))]
-            if stamps and not (min(stamps) >= 0 and max(stamps) <= INT64_MAX):
-                _fail("bad_timestamp", "TS: a timestamp outside 0..2^63-1")
-        ids += coded
-        blocks.append((t, coded, stamps))
+        ids += block[1]
+        blocks.append(block)
     r.done()
     tr.done()
     return blocks, ids
 
 
+def read_block(
+    r: columnar.Reader, tr: columnar.Reader, j: int, ref: tuple[int, list[int]], n_dict: int
+) -> _Block:
+    """Block ``j`` from BLOCKS (``r``) and TS (``tr``), coded against its reference block ``ref``."""
+    ref_t, ref_ids = ref
+    flags = r.uvarint()
+    if flags & ~_BLOCK_FLAGS:
+        _fail("malformed", f"BLOCKS: unknown block flags 0x{flags:x}")
+    t = ref_t + columnar.unzigzag(r.uvarint())
+    if not 0 <= t <= INT64_MAX:
+        _fail("bad_timestamp", f"BLOCKS: timestamp {t} outside 0..2^63-1")
+    if flags & BLOCK_MEMBERS:
+        n_gone = r.count(len(ref_ids), "bad_index", "removed series")
+        gone = set()
+        p = -1
+        for _ in range(n_gone):
+            p += r.uvarint() + 1
+            if p >= len(ref_ids):
+                _fail("bad_index", f"BLOCKS: removed position {p} >= {len(ref_ids)}")
+            gone.add(p)
+        # Every id takes a byte, and the frame's samples are capped: both before the list exists.
+        n_fresh = r.count(min(n_dict, r.remaining()), "bad_index", "new block members")
+        fresh = r.uvarints(n_fresh)
+        if fresh and max(fresh) >= n_dict:
+            _fail("bad_index", f"BLOCKS: series id {max(fresh)} >= {n_dict} in the dictionary")
+        coded = [i for p, i in enumerate(ref_ids) if p not in gone] + fresh
+        if len(set(coded)) != len(coded):
+            _fail("duplicate_sample", f"BLOCKS: a series twice in block {j}")
+    else:
+        coded = ref_ids
+    stamps = None
+    if flags & BLOCK_TIMESTAMPS:
+        stamps = [t + columnar.unzigzag(z) for z in tr.uvarints(len(coded))]
+        if stamps and not (min(stamps) >= 0 and max(stamps) <= INT64_MAX):
+            _fail("bad_timestamp", "TS: a timestamp outside 0..2^63-1")
+    return t, coded, stamps
+
+
 def _decode_values(st: State, ids: list[int], exc_buf: bytes, delta_buf: bytes) -> list[float]:
     total = len(ids)
-    er = columnar.Reader(exc_buf, "EXC")
-    n_exc = er.count(total, "length_mismatch", "exceptions for fewer samples")
-    exc: dict[int, tuple[int, int]] = {}
-    pos = -1
-    for _ in range(n_exc):
-        pos += er.uvarint() + 1
-        if pos >= total:
-            _fail("bad_index", f"EXC: exception at sample {pos} of {total}")
-        kind = er.take(1)[0]
-        if kind == KIND_STALE:
-            exc[pos] = (kind, 0)
-            continue
-        m = columnar.unzigzag(er.uvarint())
-        if not _in_range(kind, m):
-            _fail("malformed", f"EXC: kind 0x{kind:02x} with integer {m}")
-        exc[pos] = (kind, m)
-    er.done()
+    exc, n_exc = read_exceptions(exc_buf, total)
     dr = columnar.Reader(delta_buf, "DELTAS")
     deltas = iter(dr.uvarints(total - n_exc))
     dr.done()
@@ -455,6 +506,28 @@ def _decode_values(st: State, ids: list[int], exc_buf: bytes, delta_buf: bytes) 
     return out
 
 
+def read_exceptions(exc_buf: bytes, total: int) -> tuple[dict[int, tuple[int, int]], int]:
+    """EXC: position -> (kind, integer) of the exceptions among ``total`` samples, and their count."""
+    er = columnar.Reader(exc_buf, "EXC")
+    n_exc = er.count(total, "length_mismatch", "exceptions for fewer samples")
+    exc: dict[int, tuple[int, int]] = {}
+    pos = -1
+    for _ in range(n_exc):
+        pos += er.uvarint() + 1
+        if pos >= total:
+            _fail("bad_index", f"EXC: exception at sample {pos} of {total}")
+        kind = er.take(1)[0]
+        if kind == KIND_STALE:
+            exc[pos] = (kind, 0)
+            continue
+        m = columnar.unzigzag(er.uvarint())
+        if not _in_range(kind, m):
+            _fail("malformed", f"EXC: kind 0x{kind:02x} with integer {m}")
+        exc[pos] = (kind, m)
+    er.done()
+    return exc, n_exc
+
+
 def _in_range(kind: int, m: int) -> bool:
     if kind <= _MAX_K:
         return -_MANT < m < _MANT
@@ -477,8 +550,20 @@ def encode_body(batch: Batch, level: int, limits: Limits) -> tuple[bytes, int, i
 
 
 def decode_body(header: Header, body: bytes, limits: Limits) -> Batch:
-    base, compressed = split_body(body)
+    kind, base, compressed = split_frame(body)
     if base is not None:
         _fail("need_state", f"delta frame against state {base.hex()}: decode it with a StreamDecoder")
-    batch, _ = decode_frame(None, header, content_of(compressed, limits), limits)
+    batch, _ = decode_kind(kind)(None, header, content_of(compressed, limits), limits)
     return batch
+
+
+_FrameDecoder = Callable[[State | None, Header, bytes, Limits], tuple[Batch, State]]
+
+
+def decode_kind(kind: int) -> _FrameDecoder:
+    """The content decoder of frame ``kind`` (one of FRAME_KINDS, as ``split_frame`` returns)."""
+    if kind in (FRAME_MC_KEY, FRAME_MC_DELTA):
+        from schemas.codec import v3_multicycle  # it builds on this module
+
+        return v3_multicycle.decode_frame
+    return decode_frame

@@ -608,7 +608,11 @@ def v3_vectors() -> dict[str, tuple[bytes, dict[str, Any]]]:
             out["v3_state_after_2"] = (state, {"kind": "stream_state", "sid": sid.hex(), "node": "edge-01"})
     invalid = {
         "v3_invalid_need_state": (frames[1], "need_state", "a delta frame decoded without its state"),
-        "v3_invalid_frame_kind": (_v3_rebody(frames[0], lambda b: b"\x07" + b[1:]), "malformed", "kind 7"),
+        "v3_invalid_frame_kind": (
+            _v3_rebody(frames[0], lambda b: b"\x07" + b[1:]),
+            codec.v3.UNKNOWN_FRAME_KIND,
+            "kind 7: a frame kind this decoder does not know",
+        ),
         "v3_invalid_short_base": (_v3_rebody(frames[1], lambda b: b[:9]), "malformed", "base id cut"),
         "v3_invalid_bad_compression": (
             _v3_rebody(frames[0], lambda b: b[:1] + b"junk"),
@@ -621,6 +625,7 @@ def v3_vectors() -> dict[str, tuple[bytes, dict[str, Any]]]:
             "a v3 envelope naming the v2 codec",
         ),
     }
+    out.update(v3_multicycle_vectors())
     for name, (data, reason, description) in invalid.items():
         try:
             codec.decode_batch(data)
@@ -629,6 +634,60 @@ def v3_vectors() -> dict[str, tuple[bytes, dict[str, Any]]]:
         else:
             raise AssertionError(f"{name} decoded")
         out[name] = (data, {"kind": "invalid_batch", "description": description or reason, "error": reason})
+    return out
+
+
+def merge_cycles(batches: Sequence[Batch], seq: int) -> Batch:
+    """One batch of the cycles ``batches`` (a window): their label sets in first-use order."""
+    table: dict[Labels, int] = {}
+    blocks = []
+    for b in batches:
+        for s in b.scrapes:
+            ids = array("I", [table.setdefault(b.labelsets[i], len(table)) for i in s.series])
+            blocks.append(ScrapeBlock(s.timestamp_ms, ids, array("d", s.values), s.timestamps))
+    return Batch(batches[0].cluster, batches[0].node, seq, list(table), blocks)
+
+
+def v3_multicycle_stream() -> list[Batch]:
+    """Windows of the v3 stream's cycles: two cycles (a multi-cycle key frame), one cycle (a single-cycle
+    delta frame), then the last cycle and a copy of it 5 s later (a multi-cycle delta frame)."""
+    c = v3_stream()
+    later = []
+    for s in c[3].scrapes:
+        stamps = None if s.timestamps is None else array("q", [t + 5000 for t in s.timestamps])
+        values = array("d", [v + 1.5 for v in s.values])
+        later.append(ScrapeBlock(s.timestamp_ms + 5000, s.series, values, stamps))
+    c4 = Batch(c[3].cluster, c[3].node, 5, c[3].labelsets, later)
+    return [merge_cycles(c[0:2], 1), merge_cycles(c[2:3], 2), merge_cycles([c[3], c4], 3)]
+
+
+def v3_multicycle_vectors() -> dict[str, tuple[bytes, dict[str, Any]]]:
+    """The multi-cycle layout (frame kinds 0x02/0x03) in a chain with a single-cycle frame."""
+    out: dict[str, tuple[bytes, dict[str, Any]]] = {}
+    enc = codec.StreamEncoder("lab", "edge-01", keyframe_every=100, level=LEVEL, multicycle_level=LEVEL)
+    dec = codec.StreamDecoder()
+    kinds = []
+    for k, batch in enumerate(v3_multicycle_stream()):
+        data = enc.encode(batch)
+        kinds.append(msgpack.unpackb(data[4:], raw=False)["body"][0])
+        header, decoded, sid = dec.decode_with_header(data)
+        base = codec.frame_base(data)
+        view = {
+            "kind": "stream_frame",
+            "description": f"window frame {k}, frame kind 0x{kinds[-1]:02x}",
+            "encoder": encoder_info(),
+            "index": k,
+            "base": None if base is None else base.hex(),
+            "sid": None if sid is None else sid.hex(),
+        }
+        view.update(codec.batch_to_json(header, decoded))
+        out[f"v3_multicycle_{k}"] = (data, view)
+    assert kinds == [0x02, 0x01, 0x03], kinds
+    state = enc.state()
+    out["v3_multicycle_state_after_2"] = (
+        state,
+        {"kind": "stream_state", "sid": enc.sid.hex(), "node": "edge-01"},
+    )
     return out
 
 

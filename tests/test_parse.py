@@ -709,3 +709,24 @@ def test_warm_cache_never_changes_the_result(prime: list[str], line: str, om: bo
         _outcome(p, om, cache)
         _outcome(p, not om, cache)
     assert _outcome(line, om, cache) == _outcome(line, om, SeriesCache())
+
+
+@pytest.mark.parametrize("content_type", ["", "application/openmetrics-text; version=1.0.0"])
+def test_the_series_cache_holds_live_series_and_recent_churn_only(content_type: str) -> None:
+    """Pods replaced every scrape: the cache keeps the live series (the same tuples, scrape after
+    scrape) and at most two generations of the gone ones, however long the churn goes on."""
+    cache = SeriesCache(generation=4)
+    om = content_type != ""
+    first: list[Labels] = []
+    for scrape in range(50):
+        lines = [f'up{{i="{i}"}} 1' for i in range(10)]
+        lines += [f'pod_cpu_seconds_total{{pod="p{scrape}-{j}"}} {scrape}.5' for j in range(3)]
+        lines += [f'stamped{{i="{i}"}} 2 {1_700_000_000_000 + scrape}' for i in range(2)]
+        body = "\n".join(lines) + ("\n# EOF\n" if om else "\n")
+        samples = parse(body, content_type, cache)
+        assert len(samples) == 15
+        if scrape == 0:
+            first = [labels for labels, _, _ in samples]
+        else:
+            assert all(samples[k][0] is first[k] for k in (*range(10), 13, 14))  # live: the same tuples
+        assert len(cache) <= 12 + 2 * 4 * 3

@@ -45,6 +45,8 @@ log = logging.getLogger("edge_relay.stream")
 
 # Reasons an ingester gives for a format it does not know (schemas.codec: unknown_version/_codec).
 _UNKNOWN_FORMAT = ("unknown_version", "unknown_codec")
+# What a v3 ingester from before the multi-cycle layout says about its frames (reason "malformed").
+_OLD_FRAME_KINDS = "unknown v3 frame kind"
 LIVE, WINDOWED = 0, 1  # the stream's chains: rows of one cycle, and rows of several (windows)
 LANES = (LIVE, WINDOWED)
 _RATIO_WEIGHT = 0.1  # EWMA weight of one frame in wire_ratio
@@ -158,6 +160,7 @@ class StreamCoder:
         self.pause_s = pause_s
         self._clock = clock
         self._paused_until = 0.0
+        self._multicycle_until = 0.0  # the multi-cycle layout is off until then (an older ingester)
         self._key_next = [False for _ in LANES]
         self._as_frames = _SeqSet()  # last published as a v3 frame
         self._self_contained = _SeqSet()  # to publish as the spooled batch (need_state, rejected)
@@ -178,6 +181,10 @@ class StreamCoder:
         """The payload to publish for ``row``: the next frame of the stream, or the spooled batch."""
         if not self.enabled or row.seq in self._self_contained:
             return Prepared.spooled(row)
+        if self._multicycle_until and self._clock() >= self._multicycle_until:
+            self._multicycle_until = 0.0
+            for encoder in self.encoders:
+                encoder.multicycle = True
         batch = self.recent.get(row.seq)
         try:
             if batch is None:
@@ -236,7 +243,19 @@ class StreamCoder:
         self._as_frames.discard(seq)
         self._self_contained.add(seq)
         self._key_next = [True for _ in LANES]
-        if reason.split(":", 1)[0].strip() in _UNKNOWN_FORMAT and self.enabled:
+        if _OLD_FRAME_KINDS in reason and self.encoders[WINDOWED].multicycle:
+            # A v3 ingester older than the multi-cycle layout (frame kinds 0x02/0x03): windows go in
+            # the single-cycle layout for a while, rather than every window twice (frame, then batch).
+            self._multicycle_until = self._clock() + self.pause_s
+            for encoder in self.encoders:
+                encoder.multicycle = False
+            log.warning(
+                "the ingester does not decode v3's multi-cycle frames (%s): windows go in the single-cycle "
+                "layout for %.0fs; upgrade the ingesters to get it",
+                reason,
+                self.pause_s,
+            )
+        elif reason.split(":", 1)[0].strip() in _UNKNOWN_FORMAT and self.enabled:
             self._paused_until = self._clock() + self.pause_s
             log.warning(
                 "the ingester does not decode wire format v3 (%s): publishing the spooled batches as they "

@@ -22,6 +22,7 @@ from edge_relay.stream import RecentBatches, StreamCoder
 from edge_relay.uplink import apply_ack
 from schemas import codec
 from schemas.codec import Ack, AckResult
+from schemas.codec.envelope import _open_envelope
 from schemas.codec.stream import CHAINS, StreamDecoder, StreamEncoder, frame_base
 from schemas.model import Batch, Labels, ScrapeBlock
 
@@ -304,6 +305,34 @@ def test_an_ingester_without_v3_pauses_stream_coding():
     assert c.enabled
     # A rejection of a spooled batch (not a frame) is the cloud's refusal, not the codec's.
     assert not c.rejected(2, "receiver_rejected")
+
+
+def test_an_ingester_without_the_multi_cycle_layout_gets_single_cycle_windows_for_a_while():
+    """A v3 ingester from before frame kinds 0x02/0x03 refuses a window's frame as malformed: the window
+    goes again as its batch, and windows are coded in the single-cycle layout until the pause ends."""
+    now = [0.0]
+    c = coder(clock=lambda: now[0], pause_s=600, interval_s=5.0)
+
+    def publish_window(seq: int) -> bytes:
+        window = window_batch(seq * 12, 12, list(range(20)))
+        window.seq = seq
+        prepared = c.prepare(row_of(seq, codec.encode_batch(window)))
+        c.published(prepared)
+        return prepared.payload
+
+    def frame_kind(payload: bytes) -> int:
+        _header, body, _ = _open_envelope(payload, codec.DEFAULT_LIMITS)
+        return body[0]
+
+    assert frame_kind(publish_window(1)) == 0x02  # a multi-cycle key frame
+    assert c.rejected(1, "malformed: unknown v3 frame kind 0x02")
+    assert c.enabled  # stream coding goes on
+    again = window_batch(12, 12, list(range(20)))
+    again.seq = 1
+    assert c.prepare(row_of(1, codec.encode_batch(again))).kind == "batch"
+    assert frame_kind(publish_window(2)) in (0x00, 0x01)
+    now[0] = 601
+    assert frame_kind(publish_window(3)) in (0x02, 0x03)
 
 
 def test_an_undecodable_row_goes_out_as_it_is():

@@ -349,6 +349,18 @@ class Stack:
 
         wait_until(caught_up, timeout, 0.2, f"caught up past {after_ms}\n{self.logs()}")
 
+    def wait_chain_restarted(self, timeout: float = 20) -> None:
+        """Until the relay has had a need_state and published a key frame besides its first one: a
+        need_state restarts the chain at the next frame, which may come a cycle after catching up
+        (the rows behind the need_state go again self-contained, not as frames)."""
+
+        def restarted() -> bool:
+            return (
+                self.relay_metric(RELAY_NEED_STATE) >= 1 and self.relay_metric(RELAY_FRAMES, kind="key") >= 2
+            )
+
+        wait_until(restarted, timeout, 0.2, f"a key frame after need_state\n{self.relay_log()}")
+
     def run_for(self, seconds: float) -> None:
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
@@ -532,6 +544,7 @@ def test_ingester_restarted_mid_chain(stack: Any) -> None:
     st.start_ingester("ingest-0")
     restarted_ms = _now_ms()
     st.wait_caught_up(restarted_ms + 1000)
+    st.wait_chain_restarted()
     result = st.finish()
     print(f"\ningester restarted mid-chain: {result}")
     _assert_need_state(st, result)
@@ -551,6 +564,7 @@ def test_second_replica_joins_share_group_mid_chain(stack: Any) -> None:
 
     wait_until(second_wrote, 20, 0.2, f"the second replica writing batches\n{st.logs()}")
     st.wait_caught_up(joined_ms + 1000)
+    st.wait_chain_restarted()
     result = st.finish()
     per_replica = {
         name: st.ingest_metric("cloud_ingest_batches_written_total", name, node=st.node)

@@ -306,9 +306,9 @@ class _Sink:
     def __init__(self) -> None:
         self.batches: list[Any] = []
 
-    def append(self, batch: Any) -> int:
+    def append(self, batch: Any) -> bytes:
         self.batches.append(batch)
-        return 1000
+        return bytes(1000)  # the payload spooled
 
 
 def test_past_part_is_paced_and_reports_what_is_missing() -> None:

@@ -255,9 +255,9 @@ class _Sink:
     def __init__(self) -> None:
         self.batches: list[object] = []
 
-    def append(self, batch: object) -> int:
+    def append(self, batch: object) -> bytes:
         self.batches.append(batch)
-        return 1
+        return b"x"  # the payload spooled
 
 
 def _backfiller(tmp_path: Path, max_samples: int = 10_000) -> tuple[Backfiller, CommandInbox, _Sink, int]:

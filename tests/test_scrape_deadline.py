@@ -238,9 +238,9 @@ def test_a_trickling_target_does_not_hold_up_the_others(
     relay = Relay(relay_settings.load(str(config)), RelayMetrics())
     cycles: list[list[ShapedScrape]] = []
 
-    def spool(shaped: list[ShapedScrape]) -> int:
+    def spool(shaped: list[ShapedScrape]) -> tuple[int, list[bytes]]:
         cycles.append(shaped)
-        return sum(len(s) for s in shaped)
+        return sum(len(s) for s in shaped), []
 
     relay._spool = spool  # type: ignore[method-assign]  # the cycle's output, not the spool, is under test
     try:

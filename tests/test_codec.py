@@ -26,16 +26,17 @@ from schemas.codec import DEFAULT_LIMITS, AckResult, DecodeError, EncodeError, L
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 
 
-def _load_make_golden() -> ModuleType:
-    # The crafting helpers live beside the vectors they make; load the script as a module.
-    spec = importlib.util.spec_from_file_location("make_golden", schema_path("golden/make_golden.py"))
+def _load_golden(name: str) -> ModuleType:
+    # The crafting helpers live beside the vectors they make; load the scripts as modules.
+    spec = importlib.util.spec_from_file_location(name, schema_path(f"golden/{name}.py"))
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-mg = _load_make_golden()
+mg = _load_golden("make_golden")
+g3 = _load_golden("golden_v3")  # the v3 vectors' streams
 GOLDEN = schema_path("golden")
 T0 = mg.T0
 

@@ -15,7 +15,7 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_codec import GOLDEN, T0, mg
+from test_codec import GOLDEN, T0, g3, mg
 
 from schemas import codec, columnar
 from schemas.codec import DEFAULT_LIMITS, DecodeError, EncodeError, Limits, StreamDecoder, StreamEncoder
@@ -548,7 +548,7 @@ def test_golden_v3_stream_and_state() -> None:
     assert _view(header, batch)["scrapes"] == _json(paths[-1])["scrapes"]
     # The stream re-encodes to the same frame contents, so the same state ids.
     enc = StreamEncoder("lab", "edge-01", keyframe_every=100)
-    for path, batch in zip(paths, mg.v3_stream(), strict=True):
+    for path, batch in zip(paths, g3.v3_stream(), strict=True):
         assert _content(enc.encode(batch))[1] == _content(path.read_bytes())[1]
 
 

@@ -14,7 +14,7 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_codec import GOLDEN, T0, mg
+from test_codec import GOLDEN, T0, g3, mg
 from test_codec_v3 import SPECIAL, bits, make_batch, refusal, samples, value_bits
 
 from edge_relay import stream as relay_stream
@@ -416,7 +416,7 @@ def test_golden_multicycle_chain() -> None:
     assert [kind_of(p.read_bytes()) for p in paths] == [0x02, 0x01, 0x03]
     dec = StreamDecoder()
     again = StreamEncoder("lab", "edge-01", keyframe_every=100, level=mg.LEVEL, multicycle_level=mg.LEVEL)
-    for path, batch in zip(paths, mg.v3_multicycle_stream(), strict=True):
+    for path, batch in zip(paths, g3.v3_multicycle_stream(), strict=True):
         expected = _json(path)
         header, got, sid = dec.decode_with_header(path.read_bytes())
         assert sid is not None and sid.hex() == expected["sid"]
@@ -434,7 +434,7 @@ def test_golden_multicycle_chain() -> None:
 def test_golden_single_cycle_stream_is_unchanged() -> None:
     """The 0x00/0x01 vectors encode again to the same bytes with the multi-cycle layout on."""
     enc = StreamEncoder("lab", "edge-01", keyframe_every=100, level=mg.LEVEL)
-    for k, batch in enumerate(mg.v3_stream()):
+    for k, batch in enumerate(g3.v3_stream()):
         assert enc.encode(batch) == (V3_GOLDEN / f"v3_stream_{k}.bin").read_bytes()
 
 

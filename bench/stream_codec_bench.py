@@ -41,7 +41,7 @@ import sys
 import time
 import urllib.request
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -632,22 +632,38 @@ def _frame_content(data: bytes) -> tuple[int, bytes]:
     return len(data) - len(compressed), v3.content_of(compressed, codec.DEFAULT_LIMITS)
 
 
+class _Timing:
+    """Process seconds spent encoding and decoding, summed over the frames of ``_coded``."""
+
+    def __init__(self) -> None:
+        self.enc_s = self.dec_s = 0.0
+
+
+def _coded(
+    enc: codec.StreamEncoder, batches: Sequence[Batch], timing: _Timing
+) -> Iterator[tuple[bytes, Batch, Batch]]:
+    """(frame, batch, decoded frame) of each batch in turn, through ``enc`` and one fresh decoder;
+    ``enc`` is left at the frame just yielded."""
+    dec = codec.StreamDecoder()
+    for batch in batches:
+        t = time.process_time()
+        data = enc.encode(batch)
+        timing.enc_s += time.process_time() - t
+        t = time.process_time()
+        got = dec.decode(data)
+        timing.dec_s += time.process_time() - t
+        yield data, batch, got
+
+
 def windowed(path: Path, window: int, levels: Sequence[int], top: int, every: int) -> None:
     from schemas.codec import v3
 
     frames, meta = load(path)
     batches = _window_batches(frames, window, meta.get("source"))
     enc = codec.StreamEncoder("lab", NODE, keyframe_every=every, multicycle=False)
-    dec = codec.StreamDecoder()
-    te = td = 0.0
+    timing = _Timing()
     out: list[tuple[bytes, Batch, bool, list[Labels], list[int]]] = []
-    for batch in batches:
-        t = time.process_time()
-        data = enc.encode(batch)
-        te += time.process_time() - t
-        t = time.process_time()
-        got = dec.decode(data)
-        td += time.process_time() - t
+    for data, batch, got in _coded(enc, batches, timing):
         if got.sample_count != batch.sample_count:
             raise AssertionError(f"frame {batch.seq} does not decode to its batch")
         st = enc._state  # the dictionary and the blocks' coded order (ids) the frame was coded in
@@ -668,8 +684,8 @@ def windowed(path: Path, window: int, levels: Sequence[int], top: int, every: in
     print(
         f"| {len(out)} | {len(out) - len(delta)} | {samples / len(out):.0f} | "
         f"{sum(len(o[0]) for o in out) / samples:.3f} | {key_bytes / max(key_samples, 1):.3f} | "
-        f"{sum(len(o[0]) for o in delta) / delta_samples:.3f} | {te * 1e6 / samples:.2f} | "
-        f"{td * 1e6 / samples:.2f} |",
+        f"{sum(len(o[0]) for o in delta) / delta_samples:.3f} | {timing.enc_s * 1e6 / samples:.2f} | "
+        f"{timing.dec_s * 1e6 / samples:.2f} |",
         flush=True,
     )
     # Where the delta frames' bytes go: sections, then the values (EXC + DELTAS) by metric family.
@@ -799,18 +815,11 @@ def multicycle(path: Path, window: int, levels: Sequence[int], every: int) -> No
             )
     for layout, orders_name, level, kw in variants:
         enc = codec.StreamEncoder("lab", NODE, keyframe_every=every, **kw)
-        dec = codec.StreamDecoder()
-        te = td = 0.0
+        timing = _Timing()
         size = [0, 0]
         n_key = 0
         ok = True
-        for batch in batches:
-            t = time.process_time()
-            data = enc.encode(batch)
-            te += time.process_time() - t
-            t = time.process_time()
-            got = dec.decode(data)
-            td += time.process_time() - t
+        for data, batch, got in _coded(enc, batches, timing):
             ok = ok and _samples(got) == _samples(batch)
             key = codec.frame_base(data) is None
             size[key] += len(data)
@@ -818,7 +827,8 @@ def multicycle(path: Path, window: int, levels: Sequence[int], every: int) -> No
         print(
             f"| {layout} | {orders_name} | {level} | {sum(size) / samples:.3f} | "
             f"{size[0] / max(samples - n_key, 1):.3f} | {size[1] / max(n_key, 1):.3f} | "
-            f"{te * 1e6 / samples:.2f} | {td * 1e6 / samples:.2f} | {'bit-exact' if ok else 'FAIL'} |",
+            f"{timing.enc_s * 1e6 / samples:.2f} | {timing.dec_s * 1e6 / samples:.2f} | "
+            f"{'bit-exact' if ok else 'FAIL'} |",
             flush=True,
         )
 

@@ -15,8 +15,9 @@ so
   self-contained, and the next frame is a key frame, so the chain restarts at once;
 - the backlog after an outage is stream-coded too, in the order it goes out.
 
-The cost: the spool's rows are v2 sized (disk, not link), and a row that is not in ``RecentBatches``
-(the backlog, after a restart) is decoded once before it is coded (about 1 us/sample, only then).
+The cost: the spool's rows are v2 sized, or v1 until their ack (disk, not link), and a row that is
+not in ``RecentBatches`` (the backlog, after a restart) is decoded once before it is coded (about 1
+us/sample, only then).
 
 Frames are prepared before the pacer decides and committed only when published (``Prepared``), so a
 frame that waits is never the base of the next one. A ``rejected`` ack for a seq that went out as a

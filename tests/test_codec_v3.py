@@ -377,23 +377,28 @@ def _with_sections(data: bytes, **changes: bytes) -> bytes:
     return _rebody(data, prefix + zstandard.ZstdCompressor(level=3).compress(content))
 
 
-def _decode_with(data: bytes, state: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Batch:
+def decode_with(data: bytes, state: bytes | None, limits: Limits = DEFAULT_LIMITS) -> Batch:
     dec = StreamDecoder(limits)
     return dec.decode(data, lambda c, n, s: state)
 
 
-def test_every_cut_and_byte_flip_is_refused_cleanly() -> None:
-    frames, states = _frames()
-    for data, state in zip(frames[:2], states[:2], strict=True):
+def assert_cuts_and_flips_refused(frames: list[bytes], states: list[bytes | None]) -> None:
+    """Every prefix of each frame is refused, and every byte flip decodes or is refused with a reason."""
+    for data, state in zip(frames, states, strict=True):
         for cut in range(len(data)):
-            refusal(lambda d=data[:cut], s=state: _decode_with(d, s))
+            refusal(lambda d=data[:cut], s=state: decode_with(d, s))
         for i in range(4, len(data)):
             flipped = bytearray(data)
             flipped[i] ^= 0x55
             try:
-                _decode_with(bytes(flipped), state)
+                decode_with(bytes(flipped), state)
             except DecodeError as err:
                 assert err.reason in codec.REASONS and not err.message.startswith("unhandled"), err
+
+
+def test_every_cut_and_byte_flip_is_refused_cleanly() -> None:
+    frames, states = _frames()
+    assert_cuts_and_flips_refused(frames[:2], states[:2])
 
 
 def test_content_changes_are_refused_or_decode_to_a_whole_batch() -> None:
@@ -407,7 +412,7 @@ def test_content_changes_are_refused_or_decode_to_a_whole_batch() -> None:
                 changed[i] = (changed[i] + delta) & 0xFF
                 frame = _with_sections(data, **{v3mod.V3_SECTIONS[s]: bytes(changed)})
                 try:
-                    batch = _decode_with(frame, state)
+                    batch = decode_with(frame, state)
                 except DecodeError as err:
                     assert not err.message.startswith("unhandled"), err
                 else:
@@ -432,7 +437,7 @@ def test_content_changes_are_refused_or_decode_to_a_whole_batch() -> None:
 )
 def test_wrong_counts_are_refused(changes: dict[str, bytes], reason: str) -> None:
     frames, _states = _frames()
-    assert refusal(lambda: _decode_with(_with_sections(frames[0], **changes), None)).reason == reason
+    assert refusal(lambda: decode_with(_with_sections(frames[0], **changes), None)).reason == reason
 
 
 def test_limits_hold_for_v3() -> None:
@@ -456,8 +461,8 @@ def test_limits_hold_for_v3() -> None:
     body = msgpack.unpackb(frames[1][4:], raw=False)["body"]
     for fields in ({"n": 1}, {"t0": T0 - 1}, {"t1": 2**62}):
         wrong = _rebody(frames[1], body, **fields)
-        assert refusal(lambda w=wrong: _decode_with(w, states[1])).reason == "header_mismatch"
-    assert _decode_with(frames[1], states[1]).sample_count == codec.peek_header(frames[1]).sample_count
+        assert refusal(lambda w=wrong: decode_with(w, states[1])).reason == "header_mismatch"
+    assert decode_with(frames[1], states[1]).sample_count == codec.peek_header(frames[1]).sample_count
 
 
 def test_label_rules_hold_for_added_series() -> None:

@@ -203,6 +203,11 @@ class StreamCoder:
             self._log_once(e.reason, f"publishing seq {row.seq} as the spooled batch, not a v3 frame: {e}")
             return Prepared.spooled(row)
         kind = "key" if frame_base(data) is None else "delta"
+        if kind == "delta" and len(data) > len(row.payload):
+            # A delta frame that costs more than the self-contained batch (most of its series new to
+            # the chain): the batch goes instead, uncommitted, so the chain stays where it was. Key
+            # frames always go: they are what restarts a chain.
+            return Prepared.spooled(row)
         return Prepared(row.seq, data, kind, commit, len(row.payload), _envelope_version(row.payload), lane)
 
     def published(self, prepared: Prepared) -> str:

@@ -449,10 +449,6 @@ class Uplink:
         sent: list[int] = []
         for row in rows:
             prepared = self.stream.prepare(row) if self.stream is not None else Prepared.spooled(row)
-            if prepared.kind == "delta" and len(prepared.payload) > len(row.payload):
-                # Coded against a frame of the other lane (a window after a live batch), a delta frame
-                # can cost more than the self-contained batch: that goes instead, and the chain stays.
-                prepared = Prepared.spooled(row)
             if not self.pacer.allows(len(prepared.payload), now):
                 if self.queue.held(row):
                     continue

@@ -23,8 +23,6 @@ from edge_relay.budget.pacer import Pacer
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
 from edge_relay.spool import InFlight, SendQueue, Spool
-from edge_relay.spool.schema import SpoolRow
-from edge_relay.stream import Prepared
 from edge_relay.uplink import Uplink
 
 T0 = 1_800_000_000.0
@@ -182,33 +180,6 @@ def test_a_cycles_live_batch_is_not_held_back_behind_its_window(tmp_path: Path) 
         lanes.pump()
         assert live in lanes.published_at, "the live batch waited behind the cycle's window"
         assert window not in lanes.published_at
-
-    run_lanes(tmp_path, check, rate=1000.0, depth=20_000.0)
-
-
-class BigDeltas:
-    """A stream coder whose delta frames cost twice the spooled batch (a window coded against a live
-    frame: every series is an addition)."""
-
-    def __init__(self) -> None:
-        self.kinds: list[str] = []
-
-    def prepare(self, row: SpoolRow) -> Prepared:
-        return Prepared(row.seq, row.payload * 2, "delta", lambda: None, len(row.payload))
-
-    def published(self, prepared: Prepared) -> str:
-        self.kinds.append(prepared.kind)
-        return prepared.kind
-
-
-def test_a_delta_frame_larger_than_its_spooled_batch_goes_as_the_batch(tmp_path: Path) -> None:
-    def check(lanes: Lanes) -> None:
-        coder = BigDeltas()
-        lanes.uplink.stream = coder  # type: ignore[assignment]
-        seq = lanes.spool_row(5000, "window", lanes.now - 60)
-        lanes.pump()
-        assert lanes.client.payloads == [b"x" * 5000]  # the batch, not the 10,000-byte frame
-        assert seq in lanes.published_at and coder.kinds == ["batch"]
 
     run_lanes(tmp_path, check, rate=1000.0, depth=20_000.0)
 

@@ -254,6 +254,34 @@ def test_a_decoder_keeps_each_chains_newest_state():
     decoder.decode(frame(0, 33))
 
 
+def test_a_delta_frame_larger_than_its_spooled_batch_goes_as_the_batch():
+    """Most series new to the chain: the delta frame would cost more than the self-contained batch, so
+    the batch goes, and the chain stays where it was (the next frame is coded against the last one
+    published)."""
+    c = coder()
+    decoder = StreamDecoder()
+    first = make_batch(0, list(range(200)), [float(i) for i in range(200)])
+    first.seq = 1
+    published = c.prepare(row_of(1, codec.encode_batch(first)))
+    c.published(published)
+    decoder.decode(published.payload)
+    other = make_batch(1, list(range(1000, 1200)), [i * 1.37 for i in range(200)])
+    other.seq = 2
+    row = codec.encode_batch(other)
+    frame, _ = c.encoders[0].prepare(other, validated=True)
+    assert len(frame) > len(row)  # the case under test
+    prepared = c.prepare(row_of(2, row))
+    assert prepared.kind == "batch" and prepared.payload == row  # the batch, not the bigger frame
+    c.published(prepared)
+    again = make_batch(2, list(range(200)), [float(i) + 1 for i in range(200)])
+    again.seq = 3
+    nxt = c.prepare(row_of(3, codec.encode_batch(again)))
+    assert nxt.kind == "delta"
+    c.published(nxt)
+    # Decoded by a decoder that saw only frame 1: the chain did not move past it.
+    assert samples(decoder.decode(nxt.payload)) == samples(again)
+
+
 def test_the_wire_ratio_is_kept_per_spooled_format():
     """The budget controller weighs spooled bytes by what such rows cost on the wire. v1 rows (the
     live lane's quick form) and v2 rows of the same data differ in size, so one ratio for both would

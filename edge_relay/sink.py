@@ -74,14 +74,14 @@ class SpoolSink:
     def append(self, batch: Batch, version: int | None = None) -> bytes | None:
         """Store one batch under the next seq (as a wire envelope of ``version``, by default the
         configured one); returns the payload stored, or None if the batch was lost."""
-        size = [self._encoder.max_bytes]
-        stored: list[bytes] = []
+        stored: list[bytes] = []  # the payload of the last encode (the spool encodes under its seq)
 
         def encode(seq: int) -> bytes:
-            payload = self._encoder.encode(batch, seq, version)
-            size[0] = len(payload)
-            stored[:] = [payload]
-            return payload
+            stored[:] = [self._encoder.encode(batch, seq, version)]
+            return stored[0]
+
+        def need_bytes() -> int:
+            return len(stored[0]) if stored else self._encoder.max_bytes
 
         def append() -> int:
             return self._spool.batches.append(
@@ -91,7 +91,7 @@ class SpoolSink:
                 sample_count=batch.sample_count,
             )
 
-        if self._write(append, lambda: size[0]) is None:
+        if self._write(append, need_bytes) is None:
             log.error("%d samples of this cycle are lost", batch.sample_count)
             self._ledger.record(
                 LossReason.SPOOL_FULL,
@@ -101,7 +101,7 @@ class SpoolSink:
                 batch.sample_count,
             )
             return None
-        self._spooled([batch], size[0])
+        self._spooled([batch], len(stored[0]))
         return stored[0]
 
     def stage(

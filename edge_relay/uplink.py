@@ -40,6 +40,7 @@ from paho.mqtt.properties import Properties
 from edge_relay.backfill import CommandInbox
 from edge_relay.budget.pacer import Pacer
 from edge_relay.ledger import LossReason, LossRecord
+from edge_relay.netloop import WakeableLoop
 from edge_relay.retention import describe_row
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
@@ -55,15 +56,16 @@ log = logging.getLogger("edge_relay.uplink")
 
 # CONNACK codes that mean "this broker does not speak the protocol version you asked for".
 _UNSUPPORTED_VERSION = {1, 132}
+# New rows, acks and commands wake the loop at once (``WakeableLoop``); the pump also runs on its
+# own, every second while batches are in flight or the pacer holds one back (ack timeouts, tokens),
+# and every 5 s otherwise, in case a row came without a kick.
 _PUMP_EVERY_S = 1.0
+_IDLE_PUMP_EVERY_S = 5.0
 # After a reconnect with the session present: how long acks of batches in flight may take to come
 # (the ingester's acks queued at the broker arrive right after the reconnect) before they go again.
 _RECONNECT_ACK_WAIT_S = 10.0
-# How long one network-loop turn may block in select(): short while batches are in flight (acks are
-# processed as they come either way, this is about noticing new spool rows and pacing), longer when
-# idle, so an idle relay wakes 4 times a second instead of 20 (an edge CPU is not free).
-_TURN_BUSY_S = 0.05
-_TURN_IDLE_S = 0.25
+# The longest one network-loop turn blocks: paho's keepalive housekeeping runs at least this often.
+_TURN_MAX_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +163,7 @@ class Uplink:
         self._max_packet: int | None = None  # the broker's MaximumPacketSize (MQTT 5 CONNACK)
         # Publications the broker has not PUBACKed yet: lost with the connection, so sent again at once.
         self._mid_seq: dict[int, int] = {}
-        self._wake = threading.Event()
+        self._net = WakeableLoop()
         self._stop = threading.Event()
         self._drain_until = 0.0
         self._thread = threading.Thread(target=self._run, name="uplink", daemon=True)
@@ -178,13 +180,13 @@ class Uplink:
 
     def kick(self) -> None:
         """New rows are in the spool."""
-        self._wake.set()
+        self._net.wake()
 
     def stop(self, drain_seconds: float = 5.0) -> None:
         """Try to get in-flight and pending batches acked for up to ``drain_seconds``, then leave."""
         self._drain_until = time.monotonic() + drain_seconds
         self._stop.set()
-        self._wake.set()
+        self._net.wake()
         self._thread.join(drain_seconds + 10)
 
     @property
@@ -253,7 +255,7 @@ class Uplink:
         self._refusal = None
         deadline = time.monotonic() + cfg.keepalive_seconds
         while self._connack_pending and time.monotonic() < deadline and not self._stop.is_set():
-            if client.loop(timeout=0.1) != mqtt.MQTT_ERR_SUCCESS:
+            if self._net.turn(client, 0.1) != mqtt.MQTT_ERR_SUCCESS:
                 break
         if self._connected:
             self._connected_since = time.monotonic()
@@ -341,7 +343,7 @@ class Uplink:
             client.subscribe(self.cmd_topic, qos=1)
         client.publish(self.status_topic, self._status_payload("online"), qos=1, retain=True)
         self._next_status = time.monotonic() + self.cfg.status_interval_seconds
-        self._wake.set()
+        self._net.wake()
 
     def _on_disconnect(
         self, client: mqtt.Client, userdata: Any, flags: Any, reason_code: Any, properties: Any
@@ -405,7 +407,7 @@ class Uplink:
                     result.reason,
                 )
         self._publish_inflight()
-        self._wake.set()
+        self._net.wake()
 
     def _on_command(self, payload: bytes) -> None:
         assert self.commands is not None
@@ -418,7 +420,7 @@ class Uplink:
             self.commands.refuse(peek_request_id(payload), f"{e.reason}: {e.message}"[:200])
         else:
             self.commands.submit(req)
-        self._wake.set()
+        self._net.wake()
 
     def _publish_results(self, client: mqtt.Client) -> None:
         if self.commands is None:
@@ -481,16 +483,19 @@ class Uplink:
 
     def _run(self) -> None:
         # Supervise: a spool hiccup (locked database, I/O error) or a bug must not end shipping for good.
-        while True:
-            try:
-                self._loop()
-                return
-            except Exception:
-                log.exception("uplink error; reconnecting after a pause")
-                self._drop_client()
-                self._stop.wait(self.backoff.next_delay())
-                if self._stop.is_set():
+        try:
+            while True:
+                try:
+                    self._loop()
                     return
+                except Exception:
+                    log.exception("uplink error; reconnecting after a pause")
+                    self._drop_client()
+                    self._stop.wait(self.backoff.next_delay())
+                    if self._stop.is_set():
+                        return
+        finally:
+            self._net.close()
 
     def _loop(self) -> None:
         while True:
@@ -506,8 +511,7 @@ class Uplink:
                 self._connect()
                 continue
             client = self._client
-            busy = bool(self.inflight) or self._wake.is_set() or self.pacer.waiting
-            ok = client.loop(timeout=_TURN_BUSY_S if busy else _TURN_IDLE_S) == mqtt.MQTT_ERR_SUCCESS
+            ok = self._net.turn(client, self._turn_timeout()) == mqtt.MQTT_ERR_SUCCESS
             self.pacer.meter(client.socket())
             if not ok or not self._connected:
                 self._drop_client()
@@ -526,8 +530,8 @@ class Uplink:
             if self._connected_since and now - self._connected_since >= self.cfg.keepalive_seconds:
                 self.backoff.reset()  # the connection proved stable
                 self._connected_since = 0.0
-            if self._wake.is_set() or now - self._last_pump >= _PUMP_EVERY_S:
-                self._wake.clear()
+            if self._net.woken or now >= self._last_pump + self._pump_every():
+                self._net.clear()
                 self._last_pump = now
                 self._publish_results(client)
                 self._pump(client)
@@ -535,6 +539,17 @@ class Uplink:
                 self._next_status = now + self.cfg.status_interval_seconds
                 client.publish(self.status_topic, self._status_payload("online"), qos=1, retain=True)
         self._leave()
+
+    def _pump_every(self) -> float:
+        return _PUMP_EVERY_S if self.inflight or self.pacer.waiting else _IDLE_PUMP_EVERY_S
+
+    def _turn_timeout(self) -> float:
+        """Until the next thing the loop must do: a pump (at once after a wake), a status message,
+        housekeeping."""
+        if self._net.woken:
+            return 0.0
+        now = time.monotonic()
+        return max(0.0, min(self._last_pump + self._pump_every(), self._next_status, now + _TURN_MAX_S) - now)
 
     def _has_work(self) -> bool:
         return bool(self.inflight) or not self.queue.empty()
@@ -550,10 +565,10 @@ class Uplink:
             while (
                 info.rc == mqtt.MQTT_ERR_SUCCESS and not info.is_published() and time.monotonic() < deadline
             ):
-                if client.loop(timeout=0.05) != mqtt.MQTT_ERR_SUCCESS:
+                if self._net.turn(client, 0.05) != mqtt.MQTT_ERR_SUCCESS:
                     break
             client.disconnect()
-            client.loop(timeout=0.1)
+            self._net.turn(client, 0.1)
         except (RuntimeError, ValueError, OSError) as e:
             # The connection broke while leaving: the broker publishes the will ("offline") instead.
             log.warning("could not say goodbye to the broker: %s", e)

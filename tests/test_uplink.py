@@ -386,6 +386,42 @@ def test_rows_published_qos1_oldest_first_and_deleted_only_on_ack(
     assert published_total(uplink.metrics, "retry") == 0
 
 
+def test_idle_uplink_sleeps_and_publishes_a_kicked_row_at_once(
+    mosquitto: Mosquitto,
+    spool: Spool,
+    make_cloud: Callable[..., FakeCloud],
+    make_uplink: Callable[..., Uplink],
+) -> None:
+    cloud = make_cloud(mosquitto)
+    uplink = make_uplink(mqtt_cfg(mosquitto.port), spool, start=False)
+    turns = 0
+    turn = uplink._net.turn
+
+    def counted(client: mqtt.Client, timeout: float) -> mqtt.MQTTErrorCode:
+        nonlocal turns
+        turns += 1
+        return turn(client, timeout)
+
+    uplink._net.turn = counted  # type: ignore[method-assign]
+    uplink.start()
+    try:
+        wait_until(lambda: uplink.connected, timeout=10, message="uplink connected")
+        time.sleep(0.5)  # the first pump after the connect
+        before = turns
+        time.sleep(3.0)
+        # Idle: housekeeping once a second (turns of Client.loop(0.25) came 4 times a second).
+        assert turns - before <= 5
+
+        seqs = append_rows(spool, 1)
+        kicked = time.monotonic()
+        uplink.kick()
+        wait_until(lambda: cloud.seqs() == seqs, timeout=10, message="the kicked row at the cloud")
+        # Far sooner than the idle pump (5 s), which a kick that did not wake the loop would wait for.
+        assert time.monotonic() - kicked < 3.0
+    finally:
+        uplink.stop(0)
+
+
 # -- 2. in-flight window ----------------------------------------------------------------------------
 
 

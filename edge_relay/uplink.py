@@ -1,7 +1,9 @@
 """Stage 6: ship spooled batches over MQTT and delete them once the cloud acknowledges them.
 
-One thread owns the paho client and drives its network loop itself (``client.loop``), so that all
-MQTT state lives in one thread and reconnects use our own backoff with jitter.
+One thread owns the paho client and drives its network loop itself (``edge_relay.netloop``: paho's
+external-loop calls in a ``select()`` that ``kick()`` wakes), so that all MQTT state lives in one
+thread, reconnects use our own backoff with jitter, and a new row goes out at once while an idle
+relay sleeps.
 
 Delivery contract: a batch is published with QoS 1 on ``<prefix>/v1/<cluster>/<node>/batch``; the
 spool row is deleted only when the cloud's *application* ack for (node, seq) arrives on the ack topic,

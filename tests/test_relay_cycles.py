@@ -330,3 +330,25 @@ def test_the_live_lane_spools_the_quick_form_only_for_rows_that_go_out_at_once(
         assert relay.spool.store.run("recorded", recorded) == [r.payload for r in rows]
     finally:
         close(relay)
+
+
+def test_the_uplink_is_kicked_before_the_flight_recorder_packs(
+    tmp_path: Path, exporters: ScriptedExporter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The live row is published while the cycle goes on: the recorder (whose block packing takes
+    ~0.4 s at 20,000 series) runs after the uplink was told, with the row in the spool already."""
+    events: list[str] = []
+    monkeypatch.setattr(Uplink, "kick", lambda self: events.append("kick"))
+    relay = open_relay(write_config(tmp_path, exporters, budget=None, names=("good",)))
+    try:
+        record = relay.recorder.record
+
+        def recording(*args: object, **kwargs: object) -> bool:
+            events.append(f"record with {len(relay.spool.batches.pending(10))} row(s) spooled")
+            return record(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(relay.recorder, "record", recording)
+        relay.cycle()
+        assert events[:2] == ["kick", "record with 1 row(s) spooled"]
+    finally:
+        close(relay)

@@ -30,14 +30,10 @@ WIDEST_SEQ = 2**62
 
 def to_batch(cluster: str, node: str, scrapes: Sequence[ShapedScrape]) -> Batch:
     table: dict[Labels, int] = {}
+    number = table.setdefault  # a new label set gets the next id: one C call a sample, not a loop body
     blocks: list[ScrapeBlock] = []
     for scrape in scrapes:
-        ids = array("I")
-        for labels in scrape.labels:
-            idx = table.get(labels)
-            if idx is None:
-                idx = table[labels] = len(table)
-            ids.append(idx)
+        ids = array("I", [number(labels, len(table)) for labels in scrape.labels])
         timestamps = array("q", scrape.timestamps) if scrape.timestamps is not None else None
         blocks.append(ScrapeBlock(scrape.timestamp_ms, ids, array("d", scrape.values), timestamps))
     return Batch(cluster=cluster, node=node, seq=0, labelsets=list(table), scrapes=blocks)

@@ -130,7 +130,11 @@ class FlightRecorder:
         self._open: list[list[ShapedScrape]] = []
         self._open_ids: list[int] = []
         self._open_last_ms = 0
-        self._valid = RecentLabels()  # label sets a block carried lately: not checked again
+        # Label sets a block carried lately: not checked again. Its generations count batches, and a
+        # block is ``cycles_per_block`` cycles: 16 blocks (RecentLabels' default) would hold 192 cycles
+        # of churn at 12 cycles a block (~160,000 label sets at 20,000 series on the simulator), so a
+        # generation here is about 16 cycles, as the live encoder's.
+        self._valid = RecentLabels(generation=max(2, -(-16 // self.cycles_per_block)))
         self._last_error: dict[str, str] = {}
         self._seen_evicted: dict[str, int] = dict(table.evicted_samples)
         if metrics is not None:

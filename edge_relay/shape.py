@@ -43,6 +43,8 @@ ParsedSample = tuple[Labels, float, int | None]
 # empty label set), and for one it left without ``__name__``: Prometheus fails the whole scrape then.
 RELABEL_DROPPED: Labels = ()
 NAMELESS: Labels = (("", ""),)
+# Scrapes per generation of ``TargetShaper``'s decoration cache (as ``parse.SeriesCache``'s bodies).
+DECORATE_GENERATION = 16
 
 
 @dataclass(slots=True)
@@ -68,7 +70,15 @@ class ShapedScrape:
 
 
 class TargetShaper:
-    """Per-target state: label decoration cache and the series of the previous scrape."""
+    """Per-target state: label decoration cache and the series of the previous scrape.
+
+    The decoration cache has two generations, like ``parse.SeriesCache``: every
+    ``DECORATE_GENERATION`` scrapes the current map becomes the old one and the old one is dropped; a
+    series found in the old map moves back. So it holds the live series plus at most two generations
+    of churn. (A single map cleared only at ``4 * max(live, 50_000)`` entries held every series a
+    churning target had for hundreds of scrapes, each entry two label sets the parser's cache had long
+    dropped: at 20,000 series on the simulator ~1 MiB a cycle, some 300 MiB before it was cleared.)
+    """
 
     def __init__(
         self,
@@ -85,6 +95,8 @@ class TargetShaper:
         self.target_labels = dict(sorted(target_labels.items()))
         self.fill_labels = dict(sorted(fill_labels.items()))
         self._decorated: dict[Labels, Labels | None] = {}
+        self._decorated_old: dict[Labels, Labels | None] = {}
+        self._scrapes = 0
         self._checker = SeriesChecker(limits)
         self._previous: set[Labels] = set()
         base = {**self.fill_labels, **self.target_labels}
@@ -103,6 +115,9 @@ class TargetShaper:
             return self._decorated[labels]
         except KeyError:
             pass
+        if labels in self._decorated_old:  # seen in the last generation: moves back to this one
+            known = self._decorated[labels] = self._decorated_old.pop(labels)
+            return known
         result = dict(labels)
         for name, value in self.target_labels.items():
             if name in result:
@@ -126,8 +141,9 @@ class TargetShaper:
             # Checked once per series (the result is cached): the codec's own rules, limits among them.
             if self._checker.labels_error(decorated) is not None:
                 decorated = None
-        if len(self._decorated) > 4 * max(len(self._previous), 50_000):
-            self._decorated.clear()  # bound memory under series churn
+        if len(self._decorated) + len(self._decorated_old) > 4 * max(len(self._previous), 50_000):
+            self._decorated.clear()  # a hard bound within one generation (exploding cardinality)
+            self._decorated_old.clear()
             self._checker = SeriesChecker(self.limits)  # it remembers label names: bound it too
         self._decorated[labels] = decorated
         return decorated
@@ -139,6 +155,11 @@ class TargetShaper:
         duration_s: float,
     ) -> ShapedScrape:
         """``samples`` is None for a failed scrape."""
+        self._scrapes += 1
+        if self._scrapes >= DECORATE_GENERATION:
+            self._scrapes = 0
+            self._decorated_old, self._decorated = self._decorated, {}
+            self._checker = SeriesChecker(self.limits)  # it remembers label names: bound it too
         out = ShapedScrape(self.target, timestamp_ms)
         labels_out, values_out = out.labels, out.values
         explicit: dict[int, int] = {}

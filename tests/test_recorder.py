@@ -150,6 +150,21 @@ def test_round_trip_is_bit_exact_in_both_forms(spool: Spool) -> None:
     assert rec.span() == (T0, T0 + 6007)
 
 
+def test_label_sets_of_churned_series_are_forgotten_within_a_few_blocks(spool: Spool) -> None:
+    """The label sets the recorder remembers as checked (one batch a block) are those of about the
+    last 16 cycles, not of 16 blocks: under churn they would otherwise keep 192 cycles of gone series
+    alive at 12 cycles a block."""
+    clock = Clock()
+    rec = recorder(spool, clock, block_ms=12 * INTERVAL_MS)
+    live = [(labels("gpu_temp", gpu=str(g)), 50.0) for g in range(10)]
+    for tick in range(12 * 20):
+        ts = T0 + tick * INTERVAL_MS
+        churn = [(labels("pod_cpu", pod=f"p{tick}-{j}"), 1.0) for j in range(5)]
+        assert rec.record([scrape("kepler", ts, live + churn)])
+        # Two generations of two blocks each at most: 48 cycles of churn beside the live series.
+        assert len(rec._valid) <= len(live) + 48 * 5
+
+
 @pytest.mark.parametrize("version", [codec.FORMAT_V1, codec.FORMAT_V2])
 def test_a_cycle_spooled_as_a_whole_is_kept_as_those_bytes_until_its_block_completes(
     spool: Spool, version: int

@@ -9,7 +9,14 @@ from collections.abc import Sequence
 import pytest
 
 from edge_relay.encode import to_batch
-from edge_relay.shape import ParsedSample, ShapedScrape, TargetShaper, fill_labels_for, total_samples
+from edge_relay.shape import (
+    DECORATE_GENERATION,
+    ParsedSample,
+    ShapedScrape,
+    TargetShaper,
+    fill_labels_for,
+    total_samples,
+)
 from schemas import codec
 from schemas.codec import DEFAULT_LIMITS, Limits
 from schemas.model import STALE_NAN_BITS, Labels, float_bits, is_stale
@@ -158,6 +165,20 @@ def test_decorate_is_cached_and_bounded() -> None:
     assert len(sh._decorated) < bound
     # Still correct after the cache was cleared.
     assert sh.decorate(labels) == first
+
+
+def test_decorate_cache_forgets_churned_series_after_two_generations() -> None:
+    """Under series churn the decoration cache holds the live series plus two generations of churn
+    (``DECORATE_GENERATION`` scrapes each), not every series the target had up to its hard bound."""
+    sh = shaper()
+    live = [L("m", i=str(i)) for i in range(20)]
+    first = [sh.decorate(labels) for labels in live]
+    for scrape in range(10 * DECORATE_GENERATION):
+        churn = [L("pod_cpu", pod=f"p{scrape}-{j}") for j in range(5)]
+        sh.shape(1000 + scrape, samples(*((labels, 1.0) for labels in live + churn)), 0.0)
+        assert len(sh._decorated) + len(sh._decorated_old) <= len(live) + 2 * DECORATE_GENERATION * 5
+    # A live series is never dropped, and a cached result is the same object.
+    assert all(sh.decorate(labels) is got for labels, got in zip(live, first, strict=True))
 
 
 # --------------------------------------------------------------------------------------------------

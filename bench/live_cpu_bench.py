@@ -8,6 +8,7 @@ spools what it spools when a broker is there. Each stage is timed with the threa
     python bench/live_cpu_bench.py                      # 2,000 series, 60 cycles
     python bench/live_cpu_bench.py --series 20000 --cycles 20
     python bench/live_cpu_bench.py --recorder off
+    python bench/live_cpu_bench.py --series 20000 --cycles 600 --memory-every 50   # RSS under churn
 
 The simulator's clock runs 100 times faster than real time (cycles 60 ms apart stand for 5 s), so at
 20,000 series, whose cycle takes longer than that, series churn per cycle is higher than on a node.
@@ -18,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
+import resource
 import sys
 import tempfile
 import time
@@ -65,6 +68,9 @@ def main() -> int:
     ap.add_argument("--series", type=int, default=2000)
     ap.add_argument("--cycles", type=int, default=60)
     ap.add_argument("--recorder", choices=["on", "off"], default="on")
+    ap.add_argument(
+        "--memory-every", type=int, default=0, help="print the current and peak RSS every N cycles (0: never)"
+    )
     args = ap.parse_args()
 
     urls: Any = multiprocessing.Queue()
@@ -95,8 +101,10 @@ def main() -> int:
         stages.seconds.clear()
         scraped0 = scraped(relay)
         process0, main0 = time.process_time(), time.thread_time()
-        for _ in range(args.cycles):
+        for cycle in range(1, args.cycles + 1):
             step()
+            if args.memory_every and (cycle % args.memory_every == 0 or cycle == args.cycles):
+                print(f"cycle {cycle}: RSS {rss_mib():.0f} MiB, peak {peak_rss_mib():.0f} MiB", flush=True)
         process, main_thread = time.process_time() - process0, time.thread_time() - main0
         samples = scraped(relay) - scraped0
         relay.spool.close()
@@ -111,6 +119,15 @@ def main() -> int:
     for name, seconds in stages.seconds.items():
         print(f"| {name} | {us(seconds)} |")
     return 0
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def scraped(relay: Relay) -> float:

@@ -331,6 +331,16 @@ def test_plain_watch_redraws_in_a_pty(tmp_path: Path) -> None:
                     out += os.read(master, 65536)
                 except OSError:  # EIO: the last holder of the slave side has closed it
                     break
+        if proc.poll() is None:
+            # What the process was doing, for the failure message (signal masks, kernel wait channel).
+            with open(f"/proc/{proc.pid}/status") as f:
+                sig = [line.strip() for line in f if line.startswith("Sig")]
+            with open(f"/proc/{proc.pid}/wchan") as f:
+                wchan = f.read()
+            here = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, [])
+            pytest.fail(
+                f"no exit after SIGINT: {sig}, wchan {wchan}, parent {here}, output tail {out[-300:]!r}"
+            )
         assert proc.wait(5) == 0
     finally:
         if proc.poll() is None:

@@ -313,7 +313,14 @@ def test_plain_watch_redraws_in_a_pty(tmp_path: Path) -> None:
         "0.2",
         "--plain",
     ]
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave)
+    # A child inherits an ignored SIGINT, and Python then installs no KeyboardInterrupt handler: under
+    # xdist some test leaves the worker's SIGINT ignored (seen in CI: SigIgn had SIGINT). A handler
+    # set here is reset to the default in the child, as in a shell.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     os.close(slave)
     out = b""
     try:

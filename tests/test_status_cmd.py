@@ -318,7 +318,8 @@ def test_plain_watch_redraws_in_a_pty(tmp_path: Path) -> None:
     # set here is reset to the default in the child, as in a shell.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave)
+        # A session of its own: no job control of whatever terminal the worker's session has.
+        proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
     finally:
         signal.signal(signal.SIGINT, previous)
     os.close(slave)

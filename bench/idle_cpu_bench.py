@@ -23,17 +23,12 @@ import time
 from pathlib import Path
 
 from testkit.exporters import ScriptedExporter
+from testkit.readings import cpu_seconds
 from testkit.services import Mosquitto, Prometheus, ServiceFactory
 from testkit.stack import Program, ingest_config, relay_config
 
 REPO = Path(__file__).resolve().parents[1]
 SERIES = 20
-
-
-def process_cpu_seconds(pid: int) -> float:
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
@@ -77,9 +72,9 @@ def main() -> int:
                 time.sleep(args.warmup)
                 assert relay.alive(), relay.log_tail()
                 pid = relay.proc.pid
-                cpu0, t0 = process_cpu_seconds(pid), time.monotonic()
+                cpu0, t0 = cpu_seconds(pid), time.monotonic()
                 time.sleep(args.seconds)
-                cpu1, t1 = process_cpu_seconds(pid), time.monotonic()
+                cpu1, t1 = cpu_seconds(pid), time.monotonic()
                 assert relay.alive(), relay.log_tail()
             finally:
                 relay.stop()

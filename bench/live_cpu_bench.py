@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import resource
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ from edge_relay import settings as relay_settings
 from edge_relay.relay import Relay
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.uplink import Uplink
+from testkit.readings import proc_stats
 from testkit.stack import relay_config
 
 CYCLE_GAP_S = 0.06
@@ -104,7 +104,9 @@ def main() -> int:
         for cycle in range(1, args.cycles + 1):
             step()
             if args.memory_every and (cycle % args.memory_every == 0 or cycle == args.cycles):
-                print(f"cycle {cycle}: RSS {rss_mib():.0f} MiB, peak {peak_rss_mib():.0f} MiB", flush=True)
+                mem = proc_stats(os.getpid())
+                rss, peak = mem.rss_bytes / 2**20, mem.peak_rss_bytes / 2**20
+                print(f"cycle {cycle}: RSS {rss:.0f} MiB, peak {peak:.0f} MiB", flush=True)
         process, main_thread = time.process_time() - process0, time.thread_time() - main0
         samples = scraped(relay) - scraped0
         relay.spool.close()
@@ -119,15 +121,6 @@ def main() -> int:
     for name, seconds in stages.seconds.items():
         print(f"| {name} | {us(seconds)} |")
     return 0
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def scraped(relay: Relay) -> float:

@@ -521,14 +521,19 @@ def vectors() -> dict[str, tuple[bytes, dict[str, Any]]]:
             {"kind": "status", "description": description, "decoded": codec.decode_status(data)},
         )
     for name, (data, reason, description) in {**invalid_vectors(), **invalid_v2_vectors()}.items():
-        try:
-            codec.decode_batch(data)
-        except codec.DecodeError as exc:
-            assert exc.reason == reason, (name, exc.reason, reason)
-        else:
-            raise AssertionError(f"{name} decoded")
-        out[name] = (data, {"kind": "invalid_batch", "description": description, "error": reason})
+        out[name] = refused_vector(name, data, reason, description)
     return out
+
+
+def refused_vector(name: str, data: bytes, reason: str, description: str) -> tuple[bytes, dict[str, Any]]:
+    """An invalid-batch vector, after checking that the codec refuses ``data`` with ``reason``."""
+    try:
+        codec.decode_batch(data)
+    except codec.DecodeError as exc:
+        assert exc.reason == reason, (name, exc.reason, reason)
+    else:
+        raise AssertionError(f"{name} decoded")
+    return data, {"kind": "invalid_batch", "description": description, "error": reason}
 
 
 def main() -> int:

@@ -313,15 +313,7 @@ def test_plain_watch_redraws_in_a_pty(tmp_path: Path) -> None:
         "0.2",
         "--plain",
     ]
-    # A child inherits an ignored SIGINT, and Python then installs no KeyboardInterrupt handler: under
-    # xdist some test leaves the worker's SIGINT ignored (seen in CI: SigIgn had SIGINT). A handler
-    # set here is reset to the default in the child, as in a shell.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        # A session of its own: no job control of whatever terminal the worker's session has.
-        proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave)
     os.close(slave)
     out = b""
     try:
@@ -339,17 +331,8 @@ def test_plain_watch_redraws_in_a_pty(tmp_path: Path) -> None:
                     out += os.read(master, 65536)
                 except OSError:  # EIO: the last holder of the slave side has closed it
                     break
-        if proc.poll() is None:
-            # What the process was doing, for the failure message (signal masks, kernel wait channel).
-            with open(f"/proc/{proc.pid}/status") as f:
-                sig = [line.strip() for line in f if line.startswith("Sig")]
-            with open(f"/proc/{proc.pid}/wchan") as f:
-                wchan = f.read()
-            here = signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, [])
-            pytest.fail(
-                f"no exit after SIGINT: {sig}, wchan {wchan}, parent {here}, output tail {out[-300:]!r}"
-            )
-        assert proc.wait(5) == 0
+        # EIO comes when the child closes the pty on its way out, before it can be reaped: wait for it.
+        assert proc.wait(20) == 0
     finally:
         if proc.poll() is None:
             proc.kill()

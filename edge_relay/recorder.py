@@ -11,10 +11,17 @@ a second file could only give room back to a full disk, never to a full ``spool.
 is also one fsync domain and one recovery path (a corrupt spool is salvaged without its recorder: the
 recorder is a convenience copy of data already sent, and the fresh file's room is the backlog's).
 
-The form on disk reuses the wire codec: one v2 envelope (``schemas.codec``, columnar + zstd) per block
-of ``recorder.block_seconds`` of cycles, about 1.5 bytes a sample on the simulator's workload at 2,000
-series (v2 writes each label set once per block: one cycle alone would cost ~8). So that every cycle
-is durable when it ends (kill -9), a cycle is first written alone in the cheap staging form
+The form on disk reuses the wire codec: one envelope (``schemas.codec``) per block of
+``recorder.block_seconds`` of cycles. v2 (columnar + zstd) is about 1.6 bytes a sample on the
+simulator's workload at 2,000 series, but packing it costs about 3.8 us a sample; v1 is about 4.8 bytes
+and 0.7 us (12 cycles of 2,000 series, measured with the block codec alone). So the recorder spends the
+CPU only where the room needs it: a block is v1 while ``max_age``'s worth of v1 blocks would fill at
+most half of its room (``max_bytes``, or ``spool.max_bytes`` when that is smaller), v2 otherwise and
+when there is no age cap (then the room is what sets the span). At the defaults (6 h, 256 MiB) that is
+v1 at 2,000 series (about 41 MB for 6 h) and v2 at 20,000 (about 410 MB in v1). Every v1 block is
+weighed again, and v2 gives way to v1 again after ``_COMPACT_RECHECK_BLOCKS`` blocks, so a node whose
+series grow or shrink follows. So that every cycle is durable when it ends (kill -9), a cycle is first
+written alone in the cheap staging form
 (``encode.encode_stage``: msgpack + zstd level 1, ~0.7 us a sample), and the cycle that completes a
 block replaces those rows by the block, from the scrapes still in memory, in one transaction: one write
 per cycle either way.
@@ -48,7 +55,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("edge_relay.recorder")
 
 KIND_CYCLE: Final = 1  # one cycle in the staging form: the not yet completed block
-# A wire-format envelope: a block of cycles (v2), or one cycle of the open block as the live lane
+# A wire-format envelope: a block of cycles (v1 or v2), or one cycle of the open block as the live lane
 # spooled it (v1 or v2; see ``record``).
 KIND_ENVELOPE: Final = 2
 # A block is the recorder's, never a wire message: it may be larger than a broker takes.
@@ -56,6 +63,10 @@ LIMITS: Final = codec.Limits(
     max_payload_bytes=64 << 20, max_decompressed_bytes=512 << 20, max_samples=20_000_000
 )
 _READ_CHUNK: Final = 8  # blocks read per query, so a long read never holds the spool's lock for long
+# v1 blocks while max_age's worth of them fill at most this part of the room: the rest is headroom for
+# churn (new series cost their label sets) and for the backlog, which takes the recorder's room first.
+_CHEAP_ROOM_FRACTION: Final = 0.5
+_COMPACT_RECHECK_BLOCKS: Final = 60  # an hour of 60 s blocks in v2 before v1 is weighed again
 
 Match = Callable[[Labels], bool]
 
@@ -111,11 +122,13 @@ class FlightRecorder:
         interval_ms: int,
         block_ms: int = 60_000,
         reserve_bytes: int = 2 << 20,
+        spool_max_bytes: int = 0,
         zstd_level: int = 3,
         metrics: RelayMetrics | None = None,
         clock_ms: Callable[[], int] = wall_ms,
     ) -> None:
-        """``reserve_bytes``: room under the spool's page cap the recorder leaves to the backlog."""
+        """``reserve_bytes``: room under the spool's page cap the recorder leaves to the backlog;
+        ``spool_max_bytes``: that cap (0: only the disk), which bounds the recorder's room too."""
         self._table = table
         self.cluster, self.node = cluster, node
         self.max_bytes = max(0, max_bytes)
@@ -123,7 +136,9 @@ class FlightRecorder:
         self.interval_ms = max(1, interval_ms)
         self.cycles_per_block = max(1, round(block_ms / self.interval_ms))
         self.reserve_bytes = reserve_bytes
+        self.room_bytes = min(self.max_bytes, spool_max_bytes) if spool_max_bytes > 0 else self.max_bytes
         self.zstd_level = zstd_level
+        self._compact_blocks = 0  # blocks still to be packed as v2 before v1 is weighed again
         self._metrics = metrics
         self._clock_ms = clock_ms
         # The open block: its cycles' scrapes (kept to encode the block) and their rows on disk.
@@ -236,9 +251,7 @@ class FlightRecorder:
         batch = to_batch(self.cluster, self.node, [s for cycle in group for s in cycle])
         batch.seq = 1  # a block is never a wire batch; the codec wants a valid seq
         try:
-            payload = encode_checked(
-                batch, self._valid, level=self.zstd_level, limits=LIMITS, version=codec.FORMAT_V2
-            )
+            payload = self._pack(batch, len(group))
         except codec.EncodeError as e:
             # E.g. a series whose own timestamp repeated with another value: the cycles stay as stored.
             self._failed("encode", f"cannot encode a block of {len(group)} cycles: {e}")
@@ -246,6 +259,21 @@ class FlightRecorder:
         return NewBlock(
             KIND_ENVELOPE, payload, batch.first_timestamp_ms, batch.last_timestamp_ms, batch.sample_count
         )
+
+    def _pack(self, batch: Batch, cycles: int) -> bytes:
+        """The block as v1 when the room affords it (see the module's docstring), else as v2."""
+        options = {"level": self.zstd_level, "limits": LIMITS}
+        if self.max_age_ms > 0 and self._compact_blocks == 0:
+            cheap = encode_checked(batch, self._valid, version=codec.FORMAT_V1, **options)
+            # max_age holds max_age / interval cycles: the span by the interval, as the relay scrapes.
+            span_ms = cycles * self.interval_ms
+            if len(cheap) * self.max_age_ms / span_ms <= _CHEAP_ROOM_FRACTION * self.room_bytes:
+                return cheap
+            self._compact_blocks = _COMPACT_RECHECK_BLOCKS
+            # Its label sets were checked (and remembered) by the v1 encoding a moment ago.
+            return codec.encode_batch(batch, known=self._valid, version=codec.FORMAT_V2, **options)
+        self._compact_blocks = max(0, self._compact_blocks - 1)
+        return encode_checked(batch, self._valid, version=codec.FORMAT_V2, **options)
 
     # --- reading -----------------------------------------------------------------------------------
 

@@ -154,6 +154,7 @@ class Relay:
             interval_ms=int(s.interval_seconds * 1000),
             block_ms=int(s.recorder_block_seconds * 1000),
             reserve_bytes=max(2 << 20, 2 * s.batch_max_bytes),
+            spool_max_bytes=s.spool_max_bytes,
             metrics=self.metrics,
         )
         self.loops = [TargetLoop(t, s, self.metrics) for t in s.targets]

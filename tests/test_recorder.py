@@ -27,7 +27,7 @@ from edge_relay import settings as relay_settings
 from edge_relay import status_cmd, statusview
 from edge_relay.encode import BatchEncoder, decode_stage, to_batch
 from edge_relay.ledger import LossLedger
-from edge_relay.recorder import KIND_CYCLE, KIND_ENVELOPE, FlightRecorder, Gap, gaps
+from edge_relay.recorder import _COMPACT_RECHECK_BLOCKS, KIND_CYCLE, KIND_ENVELOPE, FlightRecorder, Gap, gaps
 from edge_relay.relay import Relay
 from edge_relay.retention import Policy, Retention
 from edge_relay.selfmetrics import RelayMetrics
@@ -96,6 +96,7 @@ def recorder(
     max_age_ms: int = 0,
     block_ms: int = 3 * INTERVAL_MS,
     reserve_bytes: int = 0,
+    spool_max_bytes: int = 0,
 ) -> FlightRecorder:
     return FlightRecorder(
         spool.recorder,
@@ -106,6 +107,7 @@ def recorder(
         interval_ms=INTERVAL_MS,
         block_ms=block_ms,
         reserve_bytes=reserve_bytes,
+        spool_max_bytes=spool_max_bytes,
         metrics=metrics,
         clock_ms=clock,
     )
@@ -190,6 +192,56 @@ def test_a_cycle_spooled_as_a_whole_is_kept_as_those_bytes_until_its_block_compl
     assert [p for _, p in stored[1:]] == payloads[3:]
     assert codec.peek_header(stored[0][1]).version == codec.FORMAT_V2
     assert bits_of(rec.read(T0 - 10_000, T0 + 60_000)) == bits_in(cycles)
+
+
+def block_versions(spool: Spool) -> list[int]:
+    def versions(c: sqlite3.Connection) -> list[int]:
+        rows = c.execute("SELECT payload FROM recorder WHERE kind = ? ORDER BY id", (KIND_ENVELOPE,))
+        return [codec.peek_header(p).version for (p,) in rows]
+
+    return spool.store.run("versions", versions)
+
+
+HOUR_MS = 3_600_000
+
+
+@pytest.mark.parametrize(
+    ("max_bytes", "spool_max_bytes", "max_age_ms", "version"),
+    [
+        (64 << 20, 0, HOUR_MS, codec.FORMAT_V1),  # an hour of v1 blocks is ~20 MB: half the room holds it
+        (8 << 20, 0, HOUR_MS, codec.FORMAT_V2),  # ~20 MB would not fit: the compact form
+        (64 << 20, 8 << 20, HOUR_MS, codec.FORMAT_V2),  # the spool's cap is the room
+        (64 << 20, 0, 0, codec.FORMAT_V2),  # no age cap: the room sets the span, so pack it tight
+    ],
+)
+def test_blocks_are_v1_while_half_the_room_holds_max_age_of_them(
+    spool: Spool, max_bytes: int, spool_max_bytes: int, max_age_ms: int, version: int
+) -> None:
+    """v1 costs about a fifth of v2's CPU and three times its bytes: the recorder packs v1 blocks only
+    where the room affords them for the whole max_age; every sample reads back bit-exact either way."""
+    clock = Clock()
+    rec = recorder(spool, clock, max_bytes=max_bytes, spool_max_bytes=spool_max_bytes, max_age_ms=max_age_ms)
+    cycles = [gpu_cycle(t, series=200) for t in range(6)]
+    for cycle in cycles:
+        assert rec.record(cycle)
+    assert block_versions(spool) == [version, version]
+    assert bits_of(rec.read(T0 - 10_000, T0 + 60_000)) == bits_in(cycles)
+
+
+def test_the_block_form_follows_the_series_count(spool: Spool) -> None:
+    """A node whose series grow past what the room holds in v1 turns to v2 at once; when they shrink
+    again, v1 comes back at the next weighing, not before."""
+    rec = recorder(spool, Clock(), max_bytes=16 << 20, max_age_ms=HOUR_MS)
+    versions = []
+    tick = 0
+    for series in [20] * 3 + [400] * 3 + [20] * _COMPACT_RECHECK_BLOCKS:
+        for _ in range(3):  # one block
+            assert rec.record(gpu_cycle(tick, series=series))
+            tick += 1
+        versions.append(block_versions(spool)[-1])
+    v1, v2 = codec.FORMAT_V1, codec.FORMAT_V2
+    # 400 series: v2 from their first block on, and for _COMPACT_RECHECK_BLOCKS blocks after it.
+    assert versions == [v1] * 3 + [v2] * (1 + _COMPACT_RECHECK_BLOCKS) + [v1] * 2
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -208,6 +208,38 @@ def test_property_round_trip(batch: Batch, level: int) -> None:
     assert codec.encode_batch(decoded, level, version=codec.FORMAT_V1) == data
 
 
+@pytest.mark.parametrize("as_set", [True, False])
+def test_known_label_sets_skip_only_their_own_checks(as_set: bool) -> None:
+    """Label sets the caller checked before (``known``) are not checked again, whatever container holds
+    them; a batch of only known ones is still refused for a duplicate series, too many label pairs,
+    or a new label set that breaks a rule."""
+    good = [(("__name__", "up"), ("job", f"j{i}")) for i in range(4)]
+    bad = (("__name__", "up"), ("job", "a"), ("0bad", "x"))
+    known: Any = set([*good, bad]) if as_set else dict.fromkeys([*good, bad])
+
+    def refused(labelsets: list[Labels], limits: Limits = DEFAULT_LIMITS, known: Any = known) -> str | None:
+        batch = Batch(
+            "c",
+            "n",
+            1,
+            labelsets,
+            [ScrapeBlock(T0, array("I", range(len(labelsets))), array("d", [1.0] * len(labelsets)))],
+        )
+        try:
+            codec.validate_batch(batch, limits, known)
+        except EncodeError as e:
+            return e.reason
+        return None
+
+    assert refused(good) is None
+    assert refused([*good, bad]) is None  # known: the check that would refuse it is not made again
+    assert refused([*good, bad], known=()) == "invalid_label_name"
+    assert refused([*good, good[0]]) == "duplicate_series"
+    assert refused(good, Limits(max_label_pairs=7)) == "too_many_label_pairs"
+    fresh = (("__name__", "up"), ("job", "z"), ("1bad", "x"))
+    assert refused([*good, fresh]) == "invalid_label_name"
+
+
 def test_v1_label_cache_holds_recent_label_sets_only() -> None:
     """The v1 packing cache keeps two generations of bodies' label sets: a node's churn over hours
     does not grow it."""

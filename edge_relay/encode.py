@@ -28,7 +28,15 @@ from schemas.model import Batch, Labels, ScrapeBlock
 WIDEST_SEQ = 2**62
 
 
+# The label table of the batch ``to_batch`` made last, beside that batch's labelsets list. A set made
+# from the dict reuses the hashes it stores, so ``encode_checked`` hands the codec's checks and
+# RecentLabels their set without hashing each label set twice more (about 0.45 us a sample at 2,000
+# series). One entry, swapped whole (safe across threads), used only for that very list.
+_last_table: tuple[list[Labels], dict[Labels, int]] | None = None
+
+
 def to_batch(cluster: str, node: str, scrapes: Sequence[ShapedScrape]) -> Batch:
+    global _last_table
     table: dict[Labels, int] = {}
     number = table.setdefault  # a new label set gets the next id: one C call a sample, not a loop body
     blocks: list[ScrapeBlock] = []
@@ -36,7 +44,9 @@ def to_batch(cluster: str, node: str, scrapes: Sequence[ShapedScrape]) -> Batch:
         ids = array("I", [number(labels, len(table)) for labels in scrape.labels])
         timestamps = array("q", scrape.timestamps) if scrape.timestamps is not None else None
         blocks.append(ScrapeBlock(scrape.timestamp_ms, ids, array("d", scrape.values), timestamps))
-    return Batch(cluster=cluster, node=node, seq=0, labelsets=list(table), scrapes=blocks)
+    labelsets = list(table)
+    _last_table = (labelsets, table)
+    return Batch(cluster=cluster, node=node, seq=0, labelsets=labelsets, scrapes=blocks)
 
 
 class RecentLabels(set[Labels]):
@@ -62,8 +72,12 @@ class RecentLabels(set[Labels]):
 def encode_checked(batch: Batch, valid: RecentLabels, **options: Any) -> bytes:
     """``codec.encode_batch`` checking only the label sets not in ``valid``, then remembering this
     batch's."""
-    payload = codec.encode_batch(batch, known=valid, **options)
-    valid.remember(batch.labelsets)
+    last = _last_table
+    distinct = None
+    if last is not None and last[0] is batch.labelsets and len(last[1]) == len(batch.labelsets):
+        distinct = set(last[1])
+    payload = codec.encode_batch(batch, known=valid, distinct=distinct, **options)
+    valid.remember(batch.labelsets if distinct is None else distinct)
     return payload
 
 

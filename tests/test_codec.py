@@ -209,10 +209,12 @@ def test_property_round_trip(batch: Batch, level: int) -> None:
 
 
 @pytest.mark.parametrize("as_set", [True, False])
-def test_known_label_sets_skip_only_their_own_checks(as_set: bool) -> None:
+@pytest.mark.parametrize("with_distinct", [False, True])
+def test_known_label_sets_skip_only_their_own_checks(as_set: bool, with_distinct: bool) -> None:
     """Label sets the caller checked before (``known``) are not checked again, whatever container holds
-    them; a batch of only known ones is still refused for a duplicate series, too many label pairs,
-    or a new label set that breaks a rule."""
+    them, and whether or not the caller hands over the batch's label sets as a set (``distinct``, one
+    entry fewer when a series repeats); a batch of only known ones is still refused for a duplicate
+    series, too many label pairs, or a new label set that breaks a rule."""
     good = [(("__name__", "up"), ("job", f"j{i}")) for i in range(4)]
     bad = (("__name__", "up"), ("job", "a"), ("0bad", "x"))
     known: Any = set([*good, bad]) if as_set else dict.fromkeys([*good, bad])
@@ -226,7 +228,7 @@ def test_known_label_sets_skip_only_their_own_checks(as_set: bool) -> None:
             [ScrapeBlock(T0, array("I", range(len(labelsets))), array("d", [1.0] * len(labelsets)))],
         )
         try:
-            codec.validate_batch(batch, limits, known)
+            codec.validate_batch(batch, limits, known, set(labelsets) if with_distinct else None)
         except EncodeError as e:
             return e.reason
         return None

@@ -11,7 +11,15 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from edge_relay.encode import BatchEncoder, RecentLabels, decode_stage, dedupe_window, encode_stage, to_batch
+from edge_relay.encode import (
+    BatchEncoder,
+    RecentLabels,
+    decode_stage,
+    dedupe_window,
+    encode_checked,
+    encode_stage,
+    to_batch,
+)
 from edge_relay.shape import ShapedScrape
 from schemas import codec
 from schemas.model import STALE_NAN, Batch, Labels, float_bits
@@ -378,3 +386,24 @@ def test_recent_labels_forget_series_gone_for_two_generations() -> None:
     assert not any(labels in valid for labels in churned[: 3 * 36])  # gone since the last fresh start
     held = sum(labels in valid for labels in churned)
     assert 3 <= held <= 3 * 4  # at most one generation of churn
+
+
+def test_a_batch_whose_label_list_was_replaced_is_checked_in_full() -> None:
+    """``encode_checked`` reuses the label table ``to_batch`` built only for that very list: a batch
+    whose label sets were swapped afterwards (here for one with an invalid name) is checked again, and
+    what it remembers as valid is what it checked."""
+    ok = [(("__name__", "up"), ("i", str(i))) for i in range(3)]
+    scrape = ShapedScrape("t", 1_700_000_000_000, list(ok), array("d", [1.0, 2.0, 3.0]))
+    valid = RecentLabels()
+    batch = to_batch("c", "n", [scrape])
+    batch.seq = 1
+    encode_checked(batch, valid, version=codec.FORMAT_V1)
+    assert set(ok) <= valid
+    batch2 = to_batch("c", "n", [scrape])
+    batch2.seq = 2
+    bad: Labels = (("__name__", "up"), ("0i", "x"))
+    batch2.labelsets = [*batch2.labelsets[:2], bad]
+    with pytest.raises(codec.EncodeError) as info:
+        encode_checked(batch2, valid, version=codec.FORMAT_V1)
+    assert info.value.reason == "invalid_label_name"
+    assert bad not in valid

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable, Container
+from collections.abc import Set as AbstractSet
 from typing import Any, Final, NamedTuple
 
 import msgpack
@@ -57,6 +58,7 @@ def encode_batch(
     validate: bool = True,
     version: int = CURRENT_FORMAT_VERSION,
     known: Container[Labels] = (),
+    distinct: AbstractSet[Labels] | None = None,
 ) -> bytes:
     """Encode a batch as an envelope of format ``version`` (FORMAT_V1, or FORMAT_V2: the default).
 
@@ -69,7 +71,8 @@ def encode_batch(
         raise EncodeError("unknown_version", f"format version {version!r}")
     if validate:
         # ``known``: label sets that passed these checks before (the caller's cache), not re-checked.
-        validate_batch(batch, limits, known)
+        # ``distinct``: the batch's label sets as a set, when the caller has one (see validate_batch).
+        validate_batch(batch, limits, known, distinct)
     fmt = _VERSIONS[version]
     try:
         body, n, t0, t1 = fmt.encode_body(batch, level, limits)

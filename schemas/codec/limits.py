@@ -13,6 +13,7 @@ import re
 import sys
 from array import array
 from collections.abc import Callable, Container, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any, Final, NoReturn
 
@@ -327,16 +328,25 @@ def _as_array(column: Any, typecode: str, overflow_reason: str, index: int) -> a
         _fail("malformed", f"scrape {index}: {exc}")
 
 
-def validate_batch(batch: Batch, limits: Limits = DEFAULT_LIMITS, known: Container[Labels] = ()) -> None:
+def validate_batch(
+    batch: Batch,
+    limits: Limits = DEFAULT_LIMITS,
+    known: Container[Labels] = (),
+    distinct: AbstractSet[Labels] | None = None,
+) -> None:
     """Check a Batch against every rule the decoder enforces; raise EncodeError if it breaks one.
-    Label sets in ``known`` passed the label checks before and are not checked again."""
+    Label sets in ``known`` passed the label checks before and are not checked again. ``distinct``:
+    the batch's label sets as a set, when the caller built one anyway (from a dict, whose stored
+    hashes the set reuses): the checks then hash no label set again."""
     try:
-        _validate_batch(batch, limits, known)
+        _validate_batch(batch, limits, known, distinct)
     except _Invalid as exc:
         raise EncodeError(exc.reason, exc.message) from None
 
 
-def _validate_batch(batch: Batch, limits: Limits, known: Container[Labels] = ()) -> None:
+def _validate_batch(
+    batch: Batch, limits: Limits, known: Container[Labels] = (), distinct: AbstractSet[Labels] | None = None
+) -> None:
     # ``known``: label sets checked before (a v3 stream's dictionary), so only new ones cost a check.
     _check_header_names(batch.cluster, batch.node)
     _check_seq(batch.seq)
@@ -345,7 +355,7 @@ def _validate_batch(batch: Batch, limits: Limits, known: Container[Labels] = ())
         _fail("too_many_series", f"{len(labelsets)} series > {limits.max_series}")
     if len(batch.scrapes) > limits.max_scrapes:
         _fail("too_many_scrapes", f"{len(batch.scrapes)} scrapes > {limits.max_scrapes}")
-    if not _all_known(labelsets, known, limits):
+    if not _all_known(labelsets, known, limits, distinct):
         checker = _LabelChecker(limits)
         pairs = 0
         for labels in labelsets:
@@ -380,16 +390,24 @@ def _validate_batch(batch: Batch, limits: Limits, known: Container[Labels] = ())
             _fail("too_many_samples", f"more than {limits.max_samples} samples")
 
 
-def _all_known(labelsets: Sequence[Labels], known: Container[Labels], limits: Limits) -> bool:
+def _all_known(
+    labelsets: Sequence[Labels],
+    known: Container[Labels],
+    limits: Limits,
+    distinct: AbstractSet[Labels] | None,
+) -> bool:
     """True when the label checks of ``_validate_batch`` would pass: every label set checked before,
     none twice, the pairs within the limit. C-level passes, for the common case of a node's next
     cycle; anything else takes the loop, which finds the first problem in order."""
     if not known:
         return False
-    try:
-        unique = set(labelsets)
-    except TypeError:
-        return False
+    if distinct is not None and len(distinct) == len(labelsets):
+        unique = distinct
+    else:
+        try:
+            unique = set(labelsets)
+        except TypeError:
+            return False
     return (
         len(unique) == len(labelsets)
         # Set against set compares the hashes it holds: no label set is hashed a second time.

@@ -8,6 +8,7 @@ unchanged.  ``encode_body`` and ``decode_body`` are what ``envelope`` dispatches
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgpack
@@ -88,9 +89,25 @@ def _pack_body(batch: Batch) -> bytes:
         packer.pack("labelsets"),
         packer.pack_array_header(len(batch.labelsets)),
     ]
-    parts += map(_packed_labels, batch.labelsets)
+    parts.append(_labels_part(batch.labelsets))
     parts += (packer.pack("scrapes"), packer.pack(scrapes))
     return b"".join(parts)
+
+
+# The packed label sets of the last body: a node's next cycle mostly has the same series in the same
+# order, and comparing the lists (identity first, element by element) costs far less than a cache
+# lookup, which hashes each label set. One entry, swapped whole (safe across threads).
+_last_part: tuple[list[Labels], bytes] | None = None
+
+
+def _labels_part(labelsets: Sequence[Labels]) -> bytes:
+    global _last_part
+    last = _last_part
+    if last is not None and last[0] == labelsets:
+        return last[1]
+    part = b"".join(map(_packed_labels, labelsets))
+    _last_part = (list(labelsets), part)
+    return part
 
 
 def encode_body(batch: Batch, level: int, limits: Limits) -> tuple[bytes, int, int, int]:

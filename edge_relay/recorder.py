@@ -270,9 +270,8 @@ class FlightRecorder:
             if len(cheap) * self.max_age_ms / span_ms <= _CHEAP_ROOM_FRACTION * self.room_bytes:
                 return cheap
             self._compact_blocks = _COMPACT_RECHECK_BLOCKS
-            # Its label sets were checked (and remembered) by the v1 encoding a moment ago.
-            return codec.encode_batch(batch, known=self._valid, version=codec.FORMAT_V2, **options)
-        self._compact_blocks = max(0, self._compact_blocks - 1)
+        else:
+            self._compact_blocks = max(0, self._compact_blocks - 1)
         return encode_checked(batch, self._valid, version=codec.FORMAT_V2, **options)
 
     # --- reading -----------------------------------------------------------------------------------

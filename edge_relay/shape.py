@@ -33,12 +33,14 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from edge_relay import relabel as relabel_mod
 from schemas.codec import DEFAULT_LIMITS, Limits, SeriesChecker, timestamp_in_range
 from schemas.model import STALE_NAN, Labels
 
 ParsedSample = tuple[Labels, float, int | None]
+_LABELS, _VALUE, _TIMESTAMP = itemgetter(0), itemgetter(1), itemgetter(2)
 # What ``decorate`` returns for a series metric relabeling dropped (Prometheus too signals "drop" with an
 # empty label set), and for one it left without ``__name__``: Prometheus fails the whole scrape then.
 RELABEL_DROPPED: Labels = ()
@@ -99,6 +101,10 @@ class TargetShaper:
         self._scrapes = 0
         self._checker = SeriesChecker(limits)
         self._previous: set[Labels] = set()
+        # The last scrape's series as the parser gave them, which of them it kept (None: all), what it
+        # made of them and its drop counts: a scrape of the very same series in the same order
+        # (identical tuples from the parser's cache) comes out the same, without a step per sample.
+        self._last: tuple[list[Labels], list[int] | None, list[Labels], tuple[int, int, int]] | None = None
         base = {**self.fill_labels, **self.target_labels}
         self._up = self._synthetic(base, "up")
         self._duration = self._synthetic(base, "scrape_duration_seconds")
@@ -148,6 +154,30 @@ class TargetShaper:
         self._decorated[labels] = decorated
         return decorated
 
+    def _again(
+        self, timestamp_ms: int, samples: Sequence[ParsedSample], duration_s: float
+    ) -> ShapedScrape | None:
+        """``shape`` of a scrape with the last one's series, in the same order and without their own
+        timestamps: the same labels out, no stale markers (the same series are there); else None."""
+        assert self._last is not None
+        raw, kept, finals, counts = self._last
+        if len(samples) != len(raw) or list(map(_LABELS, samples)) != raw:
+            return None
+        if list(map(_TIMESTAMP, samples)).count(None) != len(samples):
+            return None
+        out = ShapedScrape(self.target, timestamp_ms, finals[:])
+        values = list(map(_VALUE, samples))
+        out.values.extend(values if kept is None else map(values.__getitem__, kept))
+        out.over_label_limits, out.relabel_dropped, out.duplicates = counts
+        for final, value in (
+            (self._up, 1.0),
+            (self._duration, duration_s),
+            (self._scraped, float(len(samples))),
+        ):
+            out.labels.append(final)
+            out.values.append(value)
+        return out
+
     def shape(
         self,
         timestamp_ms: int,
@@ -160,14 +190,20 @@ class TargetShaper:
             self._scrapes = 0
             self._decorated_old, self._decorated = self._decorated, {}
             self._checker = SeriesChecker(self.limits)  # it remembers label names: bound it too
+        if samples is not None and self._last is not None:
+            again = self._again(timestamp_ms, samples, duration_s)
+            if again is not None:
+                return again
+        self._last = None
         out = ShapedScrape(self.target, timestamp_ms)
         labels_out, values_out = out.labels, out.values
         explicit: dict[int, int] = {}
+        skipped: list[int] = []
         current: set[Labels] = set()  # series without own timestamps: they get stale markers later
         # A series appears once per scrape; the synthetic series' labels are taken already.
         seen: set[Labels] = set(self._reserved)
         decorate = self.decorate
-        for labels, value, ts in samples or ():
+        for position, (labels, value, ts) in enumerate(samples or ()):
             if ts is not None and not timestamp_in_range(ts):
                 # Before the series is claimed: the bad sample alone goes, nothing else of its scrape.
                 out.invalid_timestamps += 1
@@ -175,9 +211,11 @@ class TargetShaper:
             final = decorate(labels)
             if final is None:
                 out.over_label_limits += 1
+                skipped.append(position)
                 continue
             if not final:
                 out.relabel_dropped += 1
+                skipped.append(position)
                 continue
             if final is NAMELESS:
                 failed = self.shape(timestamp_ms, None, duration_s)
@@ -185,6 +223,7 @@ class TargetShaper:
                 return failed
             if final in seen:
                 out.duplicates += 1
+                skipped.append(position)
                 continue
             seen.add(final)
             if ts is None:
@@ -194,6 +233,13 @@ class TargetShaper:
             labels_out.append(final)
             values_out.append(value)
         scraped = len(samples) if samples is not None else 0
+        if samples is not None and not explicit and not out.invalid_timestamps:
+            kept = None
+            if skipped:
+                dropped = set(skipped)
+                kept = [i for i in range(scraped) if i not in dropped]
+            counts = (out.over_label_limits, out.relabel_dropped, out.duplicates)
+            self._last = (list(map(_LABELS, samples)), kept, labels_out[:], counts)
         for final in self._previous - seen:
             labels_out.append(final)
             values_out.append(STALE_NAN)

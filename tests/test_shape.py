@@ -7,7 +7,10 @@ from array import array
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from edge_relay import relabel
 from edge_relay.encode import to_batch
 from edge_relay.shape import (
     DECORATE_GENERATION,
@@ -463,3 +466,93 @@ def test_labels_the_codec_refuses_for_any_reason_are_dropped() -> None:
     assert out.over_label_limits == 1
     assert sh.decorate(bad) is None
     assert_encodable(out)
+
+
+class _EveryTimeShaper(TargetShaper):
+    """The reference: every scrape decorated sample by sample (the repeat shortcut never taken)."""
+
+    def _again(self, timestamp_ms: int, samples: Sequence[ParsedSample], duration_s: float) -> None:
+        return None
+
+
+def _comparable(out: ShapedScrape) -> tuple[object, ...]:
+    return (
+        out.labels,
+        out.values.tobytes(),
+        out.timestamps,
+        out.stale_markers,
+        out.duplicates,
+        out.over_label_limits,
+        out.invalid_timestamps,
+        out.relabel_dropped,
+        out.relabel_error,
+    )
+
+
+_POOL = [
+    L("gpu_temp", gpu="0"),
+    L("gpu_temp", gpu="1"),
+    L("gpu_power", gpu="0"),
+    L("go_gc_duration_seconds", quantile="0.5"),  # dropped by the relabel rule below
+    L("too_long", v="x" * 300),  # over the label value limit below
+    L("job_info", job="exposed"),  # becomes exported_job
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    scrapes=st.lists(
+        st.one_of(
+            st.none(),  # a failed scrape
+            st.just("again"),  # the very samples of the last scrape, new values
+            st.lists(
+                st.tuples(
+                    st.sampled_from(range(len(_POOL))),
+                    st.floats(allow_nan=True, allow_infinity=True),
+                    st.one_of(st.none(), st.none(), st.integers(min_value=-5, max_value=2**40)),
+                ),
+                max_size=8,
+            ),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_a_repeated_scrape_shapes_as_if_decorated_sample_by_sample(scrapes: list[object]) -> None:
+    """The shortcut for a scrape of the same series as the last one gives exactly what the sample by
+    sample path gives: labels, value bits, stale markers, drop counts, own timestamps, across failed
+    scrapes, duplicates, relabel drops, label limits, bad timestamps and the cache's generations."""
+    rules = relabel.compile_rules(
+        [{"source_labels": ["__name__"], "regex": "go_.*", "action": "drop"}], "metric_relabel_configs"
+    )
+    limits = Limits(max_label_value_bytes=200)
+    fast = TargetShaper("kepler", TARGET_LABELS, FILL_LABELS, limits, rules)
+    reference = _EveryTimeShaper("kepler", TARGET_LABELS, FILL_LABELS, limits, rules)
+    last: list[ParsedSample] = []
+    for tick, scrape in enumerate(scrapes * 3):  # long enough to cross generations of the cache
+        if scrape == "again":
+            samples: list[ParsedSample] | None = [(lab, v + 1.0, ts) for lab, v, ts in last]
+        elif scrape is None:
+            samples = None
+        else:
+            assert isinstance(scrape, list)
+            samples = [(_POOL[i], v, ts) for i, v, ts in scrape]
+        if samples is not None:
+            last = samples
+        ts_ms = 1_700_000_000_000 + tick * 5000
+        assert _comparable(fast.shape(ts_ms, samples, 0.01)) == _comparable(
+            reference.shape(ts_ms, samples, 0.01)
+        )
+
+
+def test_a_repeated_scrape_takes_the_shortcut() -> None:
+    """The same series in the same order: no step per sample (decorate is not called)."""
+    s = shaper()
+    samples: list[ParsedSample] = [(L("gpu_temp", gpu=str(g)), 40.0 + g, None) for g in range(5)]
+    first = s.shape(1000, samples, 0.01)
+    calls = []
+    s.decorate = lambda labels: calls.append(labels)  # type: ignore[method-assign,assignment,return-value]
+    again = s.shape(6000, [(lab, v + 1, ts) for lab, v, ts in samples], 0.01)
+    assert calls == []
+    assert again.labels == first.labels
+    assert list(again.values)[:5] == [41.0 + g for g in range(5)]

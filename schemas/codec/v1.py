@@ -14,6 +14,7 @@ from typing import Any, Final
 import msgpack
 
 from schemas.codec.compression import _bounded_decompress, _compressor
+from schemas.codec.lastlabels import LastLabels
 from schemas.codec.limits import (
     _U32,
     Header,
@@ -94,20 +95,11 @@ def _pack_body(batch: Batch) -> bytes:
     return b"".join(parts)
 
 
-# The packed label sets of the last body: a node's next cycle mostly has the same series in the same
-# order, and comparing the lists (identity first, element by element) costs far less than a cache
-# lookup, which hashes each label set. One entry, swapped whole (safe across threads).
-_last_part: tuple[list[Labels], bytes] | None = None
+def _pack_labelsets(labelsets: Sequence[Labels]) -> bytes:
+    return b"".join(map(_packed_labels, labelsets))
 
 
-def _labels_part(labelsets: Sequence[Labels]) -> bytes:
-    global _last_part
-    last = _last_part
-    if last is not None and last[0] == labelsets:
-        return last[1]
-    part = b"".join(map(_packed_labels, labelsets))
-    _last_part = (list(labelsets), part)
-    return part
+_labels_part = LastLabels(_pack_labelsets)
 
 
 def encode_body(batch: Batch, level: int, limits: Limits) -> tuple[bytes, int, int, int]:

@@ -18,6 +18,7 @@ from typing import Final
 
 from schemas import columnar
 from schemas.codec.compression import _bounded_decompress, _compressor
+from schemas.codec.lastlabels import LastLabels
 from schemas.codec.limits import (
     _METRIC_NAME_RE,
     _U32,
@@ -111,21 +112,6 @@ def _series_samples(batch: Batch) -> tuple[list[list[int]], list[list[float]], s
     return times, values, empty
 
 
-# The label streams of the last batch encoded: consecutive batches of a node (one per scrape cycle)
-# usually carry the same series in the same order. One entry, swapped whole (safe across threads).
-_last_labels: tuple[list[Labels], tuple[bytes, bytes, bytes, bytes, bytes]] | None = None
-
-
-def _encode_labels_cached(labelsets: list[Labels]) -> tuple[bytes, bytes, bytes, bytes, bytes]:
-    global _last_labels
-    last = _last_labels
-    if last is not None and last[0] == labelsets:
-        return last[1]
-    streams = _encode_labels_v2(labelsets)
-    _last_labels = (labelsets, streams)
-    return streams
-
-
 def _encode_labels_v2(labelsets: Sequence[Labels]) -> tuple[bytes, bytes, bytes, bytes, bytes]:
     """LMETA, LSTRLEN, LSTR, LSCHEMA, LIDS: label sets as columns of ids per (schema, label name)."""
     schemas: dict[tuple[str, ...], int] = {}
@@ -166,6 +152,10 @@ def _encode_labels_v2(labelsets: Sequence[Labels]) -> tuple[bytes, bytes, bytes,
         for name, ids in columns
     )
     return bytes(meta), bytes(lengths), b"".join(strings), schema_bytes, ids_bytes
+
+
+# Consecutive batches of a node (one per scrape cycle) usually carry the same series in the same order.
+_encode_labels_cached = LastLabels(_encode_labels_v2)
 
 
 def encode_body(batch: Batch, level: int, limits: Limits) -> tuple[bytes, int, int, int]:

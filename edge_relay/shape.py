@@ -169,14 +169,13 @@ class TargetShaper:
         values = list(map(_VALUE, samples))
         out.values.extend(values if kept is None else map(values.__getitem__, kept))
         out.over_label_limits, out.relabel_dropped, out.duplicates = counts
-        for final, value in (
-            (self._up, 1.0),
-            (self._duration, duration_s),
-            (self._scraped, float(len(samples))),
-        ):
-            out.labels.append(final)
-            out.values.append(value)
+        self._add_synthetic(out, True, duration_s, len(samples))
         return out
+
+    def _add_synthetic(self, out: ShapedScrape, up: bool, duration_s: float, scraped: int) -> None:
+        """``up``, ``scrape_duration_seconds`` and ``scrape_samples_scraped``, at the end of ``out``."""
+        out.labels += (self._up, self._duration, self._scraped)
+        out.values.extend((1.0 if up else 0.0, duration_s, float(scraped)))
 
     def shape(
         self,
@@ -245,13 +244,7 @@ class TargetShaper:
             values_out.append(STALE_NAN)
             out.stale_markers += 1
         self._previous = current
-        for final, value in (
-            (self._up, 1.0 if samples is not None else 0.0),
-            (self._duration, duration_s),
-            (self._scraped, float(scraped)),
-        ):
-            labels_out.append(final)
-            values_out.append(value)
+        self._add_synthetic(out, samples is not None, duration_s, scraped)
         if explicit:
             out.timestamps = [explicit.get(i, timestamp_ms) for i in range(len(values_out))]
         return out

@@ -20,7 +20,8 @@ most half of its room (``max_bytes``, or ``spool.max_bytes`` when that is smalle
 when there is no age cap (then the room is what sets the span). At the defaults (6 h, 256 MiB) that is
 v1 at 2,000 series (about 41 MB for 6 h) and v2 at 20,000 (about 410 MB in v1). Every v1 block is
 weighed again, and v2 gives way to v1 again after ``_COMPACT_RECHECK_BLOCKS`` blocks, so a node whose
-series grow or shrink follows. So that every cycle is durable when it ends (kill -9), a cycle is first
+series grow or shrink follows; that weighing first estimates from the last v1 block's bytes a sample,
+so a v1 block that could not fit is not packed only to be thrown away. So that every cycle is durable when it ends (kill -9), a cycle is first
 written alone in the cheap staging form
 (``encode.encode_stage``: msgpack + zstd level 1, ~0.7 us a sample), and the cycle that completes a
 block replaces those rows by the block, from the scrapes still in memory, in one transaction: one write
@@ -67,6 +68,9 @@ _READ_CHUNK: Final = 8  # blocks read per query, so a long read never holds the 
 # churn (new series cost their label sets) and for the backlog, which takes the recorder's room first.
 _CHEAP_ROOM_FRACTION: Final = 0.5
 _COMPACT_RECHECK_BLOCKS: Final = 60  # an hour of 60 s blocks in v2 before v1 is weighed again
+# A block's v1 bytes a sample vary with its churn and values: a weighing skips v1 only when the last
+# v1 block's rate, less this factor, still would not fit.
+_CHEAP_ESTIMATE_SLACK: Final = 1.25
 
 Match = Callable[[Labels], bool]
 
@@ -139,6 +143,7 @@ class FlightRecorder:
         self.room_bytes = min(self.max_bytes, spool_max_bytes) if spool_max_bytes > 0 else self.max_bytes
         self.zstd_level = zstd_level
         self._compact_blocks = 0  # blocks still to be packed as v2 before v1 is weighed again
+        self._cheap_bytes_per_sample = 0.0  # of the last v1 block packed (0: none yet, so v1 is tried)
         self._metrics = metrics
         self._clock_ms = clock_ms
         # The open block: its cycles' scrapes (kept to encode the block) and their rows on disk.
@@ -264,11 +269,20 @@ class FlightRecorder:
         """The block as v1 when the room affords it (see the module's docstring), else as v2."""
         options = {"level": self.zstd_level, "limits": LIMITS}
         if self.max_age_ms > 0 and self._compact_blocks == 0:
-            cheap = encode_checked(batch, self._valid, version=codec.FORMAT_V1, **options)
             # max_age holds max_age / interval cycles: the span by the interval, as the relay scrapes.
             span_ms = cycles * self.interval_ms
-            if len(cheap) * self.max_age_ms / span_ms <= _CHEAP_ROOM_FRACTION * self.room_bytes:
-                return cheap
+
+            def affordable(block_bytes: float) -> bool:
+                return block_bytes * self.max_age_ms / span_ms <= _CHEAP_ROOM_FRACTION * self.room_bytes
+
+            # Weighed first by the last v1 block's bytes a sample: a v1 packing that cannot fit is
+            # skipped, not made and thrown away (at 20,000 series ~20 MiB of transient memory, once
+            # an hour, and the CPU of a block).
+            if affordable(batch.sample_count * self._cheap_bytes_per_sample / _CHEAP_ESTIMATE_SLACK):
+                cheap = encode_checked(batch, self._valid, version=codec.FORMAT_V1, **options)
+                self._cheap_bytes_per_sample = len(cheap) / max(1, batch.sample_count)
+                if affordable(len(cheap)):
+                    return cheap
             self._compact_blocks = _COMPACT_RECHECK_BLOCKS
         else:
             self._compact_blocks = max(0, self._compact_blocks - 1)

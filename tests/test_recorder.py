@@ -244,6 +244,36 @@ def test_the_block_form_follows_the_series_count(spool: Spool) -> None:
     assert versions == [v1] * 3 + [v2] * (1 + _COMPACT_RECHECK_BLOCKS) + [v1] * 2
 
 
+def test_a_weighing_the_last_v1_block_rules_out_packs_no_v1(
+    spool: Spool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a v1 block was too big for the room, the next weighing estimates from its bytes a sample
+    and skips the v1 packing while the estimate still does not fit (it would be made and thrown away);
+    a node that shrinks enough is weighed with a real v1 packing again."""
+    from edge_relay import recorder as recorder_mod
+
+    packed: list[int] = []
+    real = recorder_mod.encode_checked
+
+    def counting(batch: Batch, valid: object, **options: object) -> bytes:
+        packed.append(int(options["version"]))  # type: ignore[call-overload]
+        return real(batch, valid, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(recorder_mod, "encode_checked", counting)
+    rec = recorder(spool, Clock(), max_bytes=16 << 20, max_age_ms=HOUR_MS)
+    tick = 0
+    r = _COMPACT_RECHECK_BLOCKS
+    for series in [400] * (r + 2) + [20] * (r + 1):
+        for _ in range(3):  # one block
+            assert rec.record(gpu_cycle(tick, series=series))
+            tick += 1
+    v1, v2 = codec.FORMAT_V1, codec.FORMAT_V2
+    # Block 0 tried v1 and took v2; the weighing at block r + 1 packed no v1 (400 series still); the
+    # one at block 2r + 2 (20 series) did, and kept it.
+    assert packed == [v1, v2] + [v2] * (r + 1) + [v2] * r + [v1]
+    assert block_versions(spool)[-1] == v1
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     values=st.lists(st.integers(min_value=0, max_value=2**64 - 1), min_size=1, max_size=40),

@@ -149,7 +149,8 @@ class ValueEncoder:
     def __init__(self) -> None:
         self.kinds = bytearray()
         self.first = bytearray()
-        self.deltas: dict[int, list[int]] = {1: [], 2: [], 4: [], 8: []}
+        # int64 columns, not lists: 8 bytes a delta instead of an int object and its slot.
+        self.deltas: dict[int, array] = {w: array("q") for w in (1, 2, 4, 8)}
         self.stale = bytearray()
         self.xor = array("Q")
         self._k = 0
@@ -177,7 +178,7 @@ class ValueEncoder:
             return
         self.add([value])
 
-    def add(self, values: list[float]) -> None:
+    def add(self, values: Sequence[float]) -> None:
         scaled = decimal_scale(values, self._k)
         if scaled is not None:
             k, ms = scaled
@@ -225,7 +226,7 @@ class ValueEncoder:
         if order2:
             put_uvarint(self.first, zigzag(ms[1] - ms[0]))
         if width:
-            self.deltas[width] += deltas
+            self.deltas[width].extend(deltas)
 
     def streams(self) -> tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes]:
         """VKIND, VFIRST, VDELTA1, VDELTA2, VDELTA4, VDELTA8, VSTALE, VXOR."""

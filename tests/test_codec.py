@@ -208,6 +208,20 @@ def test_property_round_trip(batch: Batch, level: int) -> None:
     assert codec.encode_batch(decoded, level, version=codec.FORMAT_V1) == data
 
 
+@settings(max_examples=100, deadline=None)
+@given(batches(), st.sampled_from([1, 3]))
+def test_a_large_v1_body_is_compressed_piecewise_to_the_same_body(batch: Batch, level: int) -> None:
+    """Above ``_JOIN_MAX_BYTES`` the raw body's parts go to the compressor one by one (never joined):
+    the frame decodes to exactly the body one-shot compression would have held."""
+    one_shot = codec.encode_batch(batch, level, version=codec.FORMAT_V1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(v1, "_JOIN_MAX_BYTES", 0)
+        piecewise = codec.encode_batch(batch, level, version=codec.FORMAT_V1)
+    assert _raw_body(piecewise) == _raw_body(one_shot)
+    assert view(codec.decode_batch(piecewise)) == view(batch)
+    assert codec.peek_header(piecewise) == codec.peek_header(one_shot)
+
+
 @pytest.mark.parametrize("as_set", [True, False])
 @pytest.mark.parametrize("with_distinct", [False, True])
 def test_known_label_sets_skip_only_their_own_checks(as_set: bool, with_distinct: bool) -> None:
@@ -250,7 +264,7 @@ def test_v1_label_cache_holds_recent_label_sets_only() -> None:
         batch = Batch(
             "c", "n", 1, labelsets, [ScrapeBlock(T0, array("I", range(50)), array("d", [1.0] * 50))]
         )
-        v1._pack_body(batch)
+        v1._body(batch)
     assert len(v1._packed) + len(v1._packed_before) <= 2 * v1._GENERATION * 50
 
 
@@ -269,8 +283,8 @@ def test_v1_body_is_the_whole_map_packed_at_once(batch: Batch, as_lists: bool) -
             for b in batch.scrapes
         ],
     }
-    assert v1._pack_body(batch) == msgpack.packb(whole, use_bin_type=True)
-    assert v1._pack_body(batch) == msgpack.packb(whole, use_bin_type=True)  # again, from the cache
+    assert v1._body(batch) == msgpack.packb(whole, use_bin_type=True)
+    assert v1._body(batch) == msgpack.packb(whole, use_bin_type=True)  # again, from the cache
 
 
 # --------------------------------------------------------------------------------------------------

@@ -56,15 +56,16 @@ V2_STREAMS: Final = (
 _VALUE_STREAMS: Final = slice(V2_STREAMS.index("VKIND"), len(V2_STREAMS))
 
 
-def _series_samples(batch: Batch) -> tuple[list[list[int]], list[list[float]], set[int]]:
+def _series_samples(batch: Batch) -> tuple[list[list[int]], list[Sequence[float]], set[int]]:
     """Per series its timestamps (ascending, distinct) and values; plus timestamps of empty blocks.
+    Values are float64 arrays where the blocks allow it: 8 bytes a sample, not a float object and
+    its list slot (a recorder block of 12 cycles at 20,000 series is 240,000 samples).
 
     Two samples of one series at one timestamp (from two blocks) become one when their bit patterns
     are equal; different ones are refused (duplicate_sample): v2 has one value per series and time.
     """
     n = len(batch.labelsets)
     times: list[list[int]] = [[] for _ in range(n)]
-    values: list[list[float]] = [[] for _ in range(n)]
     empty = {b.timestamp_ms for b in batch.scrapes if not len(b.values)}
     blocks = [b for b in batch.scrapes if len(b.values)]
     explicit = any(b.timestamps is not None for b in blocks)
@@ -81,12 +82,14 @@ def _series_samples(batch: Batch) -> tuple[list[list[int]], list[list[float]], s
             for same in by_time.values()
         )
         if not clash:
+            columns: list[array] = [array("d") for _ in range(n)]
             for b in blocks:
                 series = b.series
                 # C-level appends: one call per block instead of a Python loop per sample.
-                deque(map(list.append, map(values.__getitem__, series), b.values), maxlen=0)
+                deque(map(array.append, map(columns.__getitem__, series), b.values), maxlen=0)
                 deque(map(list.append, map(times.__getitem__, series), repeat(b.timestamp_ms)), maxlen=0)
-            return times, values, empty
+            return times, [*columns], empty
+    values: list[Sequence[float]] = [[] for _ in range(n)]
     pairs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     for b in blocks:
         stamps = repeat(b.timestamp_ms) if b.timestamps is None else b.timestamps

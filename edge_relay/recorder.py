@@ -21,8 +21,8 @@ when there is no age cap (then the room is what sets the span). At the defaults 
 v1 at 2,000 series (about 41 MB for 6 h) and v2 at 20,000 (about 410 MB in v1). Every v1 block is
 weighed again, and v2 gives way to v1 again after ``_COMPACT_RECHECK_BLOCKS`` blocks, so a node whose
 series grow or shrink follows; that weighing first estimates from the last v1 block's bytes a sample,
-so a v1 block that could not fit is not packed only to be thrown away. So that every cycle is durable when it ends (kill -9), a cycle is first
-written alone in the cheap staging form
+so a v1 block that could not fit is not packed only to be thrown away. So that every cycle is
+durable when it ends (kill -9), a cycle is first written alone in the cheap staging form
 (``encode.encode_stage``: msgpack + zstd level 1, ~0.7 us a sample), and the cycle that completes a
 block replaces those rows by the block, from the scrapes still in memory, in one transaction: one write
 per cycle either way.

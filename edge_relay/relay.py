@@ -20,8 +20,10 @@ points it missed instead of scraping in a burst.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import logging
+import os
 import signal
 import threading
 import time
@@ -481,7 +483,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# glibc's mallopt parameter (malloc.h) and the arenas the relay asks for. Each thread that allocates
+# while another holds an arena gets one of its own, up to 8 per core, and freed memory stays in the
+# arena it came from: the scrape pool's threads each kept their own peak. With one arena, in one
+# process (the cycle of bench/live_cpu_bench.py at 1 s, 37 cycles), peak RSS went 56.5 -> 54.2 MiB at
+# 2,000 series and 194.8 -> 145.0 MiB at 20,000 (two arenas: 55.4 / 158.5), CPU no higher. The threads
+# allocate under the GIL almost always, so they hardly ever wait for the shared arena.
+_M_ARENA_MAX = -8
+_MALLOC_ARENAS = 1
+
+
+def limit_malloc_arenas(arenas: int = _MALLOC_ARENAS) -> bool:
+    """Cap glibc's malloc arenas for the threads started from now on; True when it did. An operator's
+    ``MALLOC_ARENA_MAX`` wins, and a libc without ``mallopt`` (or refusing it) is left as it is."""
+    if "MALLOC_ARENA_MAX" in os.environ:
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(_M_ARENA_MAX, arenas) == 1)
+
+
 def run(args: argparse.Namespace) -> int:
+    limit_malloc_arenas()  # before any thread starts: the pool, the uplink, paho, the metrics server
     s = settings_mod.load(args.config)
     # What `check-config` checks, checked here too: both refuse a config with the same message.
     checkconfig.validate(s)

@@ -313,7 +313,15 @@ def test_plain_watch_redraws_in_a_pty(tmp_path: Path) -> None:
         "0.2",
         "--plain",
     ]
-    proc = subprocess.Popen(argv, stdin=slave, stdout=slave, stderr=slave)
+    # As a terminal's foreground job gets it: SIGINT at its default. A suite started in the background
+    # by a non-interactive shell (`cmd &`) inherits SIGINT ignored, and Python keeps it ignored.
+    proc = subprocess.Popen(
+        argv,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     os.close(slave)
     out = b""
     try:

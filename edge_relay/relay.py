@@ -504,7 +504,7 @@ def limit_malloc_arenas(arenas: int = _MALLOC_ARENAS) -> bool:
         return False
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
-    return bool(mallopt(_M_ARENA_MAX, arenas) == 1)
+    return mallopt(_M_ARENA_MAX, arenas) == 1
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edge_relay import recorder as recorder_mod
 from edge_relay import settings as relay_settings
 from edge_relay import status_cmd, statusview
 from edge_relay.encode import BatchEncoder, decode_stage, to_batch
@@ -250,8 +251,6 @@ def test_a_weighing_the_last_v1_block_rules_out_packs_no_v1(
     """Once a v1 block was too big for the room, the next weighing estimates from its bytes a sample
     and skips the v1 packing while the estimate still does not fit (it would be made and thrown away);
     a node that shrinks enough is weighed with a real v1 packing again."""
-    from edge_relay import recorder as recorder_mod
-
     packed: list[int] = []
     real = recorder_mod.encode_checked
 

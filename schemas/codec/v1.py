@@ -101,10 +101,6 @@ def _body_parts(batch: Batch) -> tuple[list[bytes], list[bytes], list[bytes]]:
     return head, _labels_part(batch.labelsets), tail
 
 
-def _body(batch: Batch) -> bytes:
-    return b"".join(chain.from_iterable(_body_parts(batch)))
-
-
 # The last body's packed label sets: the cache's own bytes objects, so the list costs a pointer each.
 _labels_part = LastLabels(lambda labelsets: list(map(_packed_labels, labelsets)))
 

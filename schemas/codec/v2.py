@@ -56,7 +56,7 @@ V2_STREAMS: Final = (
 _VALUE_STREAMS: Final = slice(V2_STREAMS.index("VKIND"), len(V2_STREAMS))
 
 
-def _series_samples(batch: Batch) -> tuple[list[list[int]], list[Sequence[float]], set[int]]:
+def _series_samples(batch: Batch) -> tuple[list[list[int]], Sequence[Sequence[float]], set[int]]:
     """Per series its timestamps (ascending, distinct) and values; plus timestamps of empty blocks.
     Values are float64 arrays where the blocks allow it: 8 bytes a sample, not a float object and
     its list slot (a recorder block of 12 cycles at 20,000 series is 240,000 samples).
@@ -88,7 +88,7 @@ def _series_samples(batch: Batch) -> tuple[list[list[int]], list[Sequence[float]
                 # C-level appends: one call per block instead of a Python loop per sample.
                 deque(map(array.append, map(columns.__getitem__, series), b.values), maxlen=0)
                 deque(map(list.append, map(times.__getitem__, series), repeat(b.timestamp_ms)), maxlen=0)
-            return times, [*columns], empty
+            return times, columns, empty
     values: list[Sequence[float]] = [[] for _ in range(n)]
     pairs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     for b in blocks:

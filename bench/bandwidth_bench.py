@@ -62,7 +62,7 @@ from testkit.agents import tool_version
 from testkit.edge_systems import CHURN_TICKS, EXTERNAL, NODE, SEED, Agent, Ours, System, Vm
 from testkit.netfaults import LinkProxy
 from testkit.oracle import Score, expected_samples, read_served_log, same_value, samples_stamped, score
-from testkit.readings import ProcStats, metric_sum, read_metrics
+from testkit.readings import ProcStats, bucket_quantile, histogram_buckets, metric_sum, read_metrics
 from testkit.rw_tap import RemoteWriteTap
 from testkit.services import Prometheus, RawSamples, VictoriaMetrics, die_with_parent
 from testkit.stack import (
@@ -132,12 +132,24 @@ class Reading:
     requests: int  # remote-write requests the receiver accepted so far (tap)
     cpu: dict[str, float]  # process name -> utime + stime seconds
     metrics: dict[str, float]  # ours: the relay's own counters
+    histograms: dict[str, dict[float, float]] = field(default_factory=dict)  # ours: STAGE_HISTOGRAMS
+
+
+# Ours: scrape-to-queryable by stage, from the relay's and the ingester's own histograms.
+STAGE_HISTOGRAMS = {
+    "edge_relay_scrape_duration_seconds": "fetch + parse of one target (relay)",
+    "edge_relay_publish_delay_seconds": "scrape start -> first publish (relay)",
+    "edge_relay_ack_latency_seconds": "publish -> ack (broker, ingester, receiver)",
+    "cloud_ingest_batch_age_seconds:decoded": "scrape start -> decoded (ingester)",
+    "cloud_ingest_batch_age_seconds:written": "scrape start -> written (ingester)",
+}
 
 
 def reading(row: Row) -> Reading:
     s = row.system
     cpu = {name: st.cpu_seconds for name, st in s.stats().items()}
     metrics: dict[str, float] = {}
+    histograms: dict[str, dict[float, float]] = {}
     if isinstance(s, Ours):
         try:
             m = read_metrics(s.relay_metrics_url)
@@ -155,6 +167,15 @@ def reading(row: Row) -> Reading:
                 metrics["need_state"] = metric_sum(m, "edge_relay_stream_need_state_total")
                 for kind in ("delta", "key", "batch"):
                     metrics[kind] = metric_sum(m, "edge_relay_stream_frames_total", kind=kind)
+            histograms = {k: histogram_buckets(m, k) for k in STAGE_HISTOGRAMS if k.startswith("edge_")}
+        try:
+            ingest = read_metrics(s.ingest_metrics_url)
+        except Exception as exc:
+            row.notes.append(f"ingester metrics unavailable: {type(exc).__name__}")
+        else:
+            for stage in ("decoded", "written"):
+                key = f"cloud_ingest_batch_age_seconds:{stage}"
+                histograms[key] = histogram_buckets(ingest, "cloud_ingest_batch_age_seconds", stage=stage)
     return Reading(
         at_ms=int(time.time() * 1000),
         up=s.proxy.bytes_up,
@@ -163,6 +184,7 @@ def reading(row: Row) -> Reading:
         requests=s.tap.requests_ok,
         cpu=cpu,
         metrics=metrics,
+        histograms=histograms,
     )
 
 
@@ -171,7 +193,9 @@ def attach(system: System, sim: SimulatorProcess, receiver: Prometheus | Victori
     system.workdir.mkdir(parents=True, exist_ok=True)
     system.sim = sim
     system._service(receiver)
-    system.tap = RemoteWriteTap(receiver.remote_write_url, name=f"{system.key}-tap", transparent=True)
+    system.tap = RemoteWriteTap(
+        receiver.remote_write_url, name=f"{system.key}-tap", transparent=True, deferred=True
+    )
 
 
 def short_version(line: str) -> str:
@@ -593,6 +617,8 @@ def notes(row: Row) -> list[str]:
                 + f"; edge_relay_stream_enabled {b.metrics['stream_enabled']:g} at the end"
             )
         out.append(f"remote-write requests of cloud-ingest in the window: {requests:,}")
+        if stages := stage_latencies(a, b):
+            out.append("latency by stage in the window, p50 / p99 s (bucket interpolation): " + stages)
     else:
         if requests:
             out.append(
@@ -613,6 +639,17 @@ def notes(row: Row) -> list[str]:
             f"{row.scraped:,}"
         )
     return out
+
+
+def stage_latencies(a: Reading, b: Reading) -> str:
+    parts = []
+    for name, what in STAGE_HISTOGRAMS.items():
+        start, end = a.histograms.get(name, {}), b.histograms.get(name, {})
+        window = {le: n - start.get(le, 0.0) for le, n in end.items()}
+        p50, p99 = bucket_quantile(0.5, window), bucket_quantile(0.99, window)
+        if p50 is not None and p99 is not None:
+            parts.append(f"{what} {p50:.2f} / {p99:.2f}")
+    return "; ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------ report

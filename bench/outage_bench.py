@@ -663,12 +663,6 @@ def _quiet_window(seconds: float) -> FaultWindow:
     return FaultWindow(t0, _now_ms())
 
 
-def _ingest_metrics_url(s: Ours) -> str:
-    import yaml
-
-    return f"http://{yaml.safe_load((s.workdir / 'ingest.yaml').read_text())['metrics']['listen']}/metrics"
-
-
 def _by_name(samples: RawSamples) -> dict[str, list[tuple[int, float]]]:
     out: dict[str, list[tuple[int, float]]] = {}
     for key, got in samples.items():
@@ -836,7 +830,7 @@ class HostileFlood(Scenario):
         from testkit.readings import metric_sum, read_metrics
 
         try:
-            m = read_metrics(_ingest_metrics_url(s))
+            m = read_metrics(s.ingest_metrics_url)
             self.refused = {
                 lab.get("reason", ""): v for n, lab, v in m if n == "cloud_ingest_batches_refused_total" and v
             }
@@ -1129,7 +1123,7 @@ class ExpansionBomb(Scenario):
         self.hwm = _peak_rss(s.ingest)
         self.relay_hwm = _peak_rss(s.relay)
         try:
-            m = read_metrics(_ingest_metrics_url(s))
+            m = read_metrics(s.ingest_metrics_url)
             self.refused = {
                 lab.get("reason", ""): v for n, lab, v in m if n == "cloud_ingest_batches_refused_total" and v
             }

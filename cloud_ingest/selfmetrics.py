@@ -77,6 +77,15 @@ class IngestMetrics:
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
             registry=r,
         )
+        self.batch_age = Histogram(
+            "cloud_ingest_batch_age_seconds",
+            "Age of a batch's newest sample (its scrape's start, by the edge's clock) when the ingester "
+            "had decoded it and when the receiver accepted it, by stage (decoded, written); a backlog "
+            "after an outage lands in the top buckets.",
+            ["stage"],
+            buckets=(0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300, 3600, 86400),
+            registry=r,
+        )
         self.queue_depth = Gauge(
             "cloud_ingest_queue_depth", "Batches received and not yet finished.", registry=r
         )

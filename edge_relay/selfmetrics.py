@@ -158,10 +158,18 @@ class RelayMetrics:
             registry=r,
         )
         self._error_label: dict[str, str] = {}
+        # With ack_latency the two halves of scrape-to-queryable: this one the edge's (scrape, shaping,
+        # encoding, spool; a windowed class adds its window, an outage its backlog), that one the rest.
+        self.publish_delay = Histogram(
+            "edge_relay_publish_delay_seconds",
+            "Age of a batch's newest sample (its scrape's start) when the batch is first published.",
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300, 3600),
+            registry=r,
+        )
         self.ack_latency = Histogram(
             "edge_relay_ack_latency_seconds",
             "Time from the last publication of a batch to its application ack.",
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+            buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 300),
             registry=r,
         )
 

@@ -475,7 +475,11 @@ class Uplink:
             self.inflight.add(row.seq, now)
             self._mid_seq[info.mid] = row.seq
             sent.append(row.seq)
-            self.metrics.published.labels("retry" if row.was_sent else "first").inc()
+            if row.was_sent:
+                self.metrics.published.labels("retry").inc()
+            else:
+                self.metrics.published.labels("first").inc()
+                self.metrics.publish_delay.observe(max(0.0, time.time() - row.last_ts_ms / 1000))
             self.metrics.publish_bytes.inc(len(payload))
             # Charged now with an estimate so the next row sees it; the pacer's meter corrects it.
             self.pacer.charge_publish(len(payload))

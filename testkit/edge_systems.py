@@ -186,6 +186,11 @@ class Ours(System):
     def relay_metrics_url(self) -> str:
         return f"http://{yaml.safe_load(self.relay_cfg.read_text())['metrics']['listen']}/metrics"
 
+    @property
+    def ingest_metrics_url(self) -> str:
+        cfg = yaml.safe_load((self.workdir / "ingest.yaml").read_text())
+        return f"http://{cfg['metrics']['listen']}/metrics"
+
     def edge_processes(self) -> dict[str, int]:
         out = {}
         for name, prog in (("edge-relay", self.relay), ("cloud-ingest", self.ingest)):

@@ -83,6 +83,35 @@ def metric_sum(samples: Iterable[MetricSample], name: str, **labels: str) -> flo
     return sum(v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items()))
 
 
+def histogram_buckets(samples: Iterable[MetricSample], name: str, **labels: str) -> dict[float, float]:
+    """The cumulative bucket counts of histogram ``name`` (the label sets that include ``labels``,
+    summed), by upper bound."""
+    buckets: dict[float, float] = {}
+    for n, lab, v in samples:
+        if n == f"{name}_bucket" and all(lab.get(k) == x for k, x in labels.items()):
+            le = float(lab["le"])
+            buckets[le] = buckets.get(le, 0.0) + v
+    return buckets
+
+
+def bucket_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """``histogram_quantile`` as Prometheus computes it (linear inside the bucket; the highest finite
+    bound if the quantile falls in +Inf); None without observations."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for le in bounds:
+        count = buckets[le]
+        if count >= rank:
+            if le == float("inf"):
+                return lower
+            return lower + (le - lower) * ((rank - below) / (count - below) if count > below else 1.0)
+        lower, below = le, count
+    return lower
+
+
 def fmt_bytes(n: int | None) -> str:
     """``123 KiB`` below a MiB, else ``4.5 MiB``; ``n/a`` for None."""
     if n is None:

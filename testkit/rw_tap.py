@@ -9,6 +9,8 @@ both, is ``testkit.rw_wire``.
 from __future__ import annotations
 
 import math
+import queue
+import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
@@ -48,7 +50,9 @@ class RemoteWriteTap(RemoteWriteProxy):
     for a tap behind a byte-counting proxy.  The proxy's fault modes work as well.
     """
 
-    def __init__(self, upstream_url: str, name: str = "tap", *, transparent: bool = False) -> None:
+    def __init__(
+        self, upstream_url: str, name: str = "tap", *, transparent: bool = False, deferred: bool = False
+    ) -> None:
         self.duplicates = 0
         self.decode_errors = 0
         self.encodings: Counter[str] = Counter()
@@ -56,6 +60,13 @@ class RemoteWriteTap(RemoteWriteProxy):
         self._scrapes: dict[tuple[str, int], int] = defaultdict(int)
         self._last_new: dict[tuple[str, int], float] = {}
         self._failed: set[tuple[str, int]] = set()
+        # deferred: accounted on a thread of its own after the reply, so that decoding a large write
+        # (about 1 s for 20,000 series) does not hold up the writer's next request; readers wait
+        # for what is queued (``settle``). Arrival times (``scrapes``) are then the accounting's.
+        self._backlog: queue.Queue[tuple[bytes, str] | None] | None = None
+        if deferred:
+            self._backlog = queue.Queue()
+            threading.Thread(target=self._account_backlog, name=f"{name}-account", daemon=True).start()
         super().__init__(upstream_url, upstream_timeout_s=60.0, transparent=transparent, name=name)
 
     @property
@@ -73,10 +84,12 @@ class RemoteWriteTap(RemoteWriteProxy):
     ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], float], set[tuple[str, int]]]:
         """Snapshot: (job, timestamp) -> distinct samples accepted, -> when the last new one came, and
         the (job, timestamp) of failed scrapes."""
+        self.settle()
         with self._lock:
             return dict(self._scrapes), dict(self._last_new), set(self._failed)
 
     def distinct_samples(self) -> int:
+        self.settle()
         with self._lock:
             return sum(self._scrapes.values())
 
@@ -88,9 +101,32 @@ class RemoteWriteTap(RemoteWriteProxy):
         with self._lock:
             self.encodings[encoding + (f", remote-write {version}" if version else "")] += 1
 
+    def settle(self) -> None:
+        """Wait until every accepted write is accounted (at once unless ``deferred``)."""
+        if self._backlog is not None:
+            self._backlog.join()
+
+    def close(self) -> None:
+        if self._backlog is not None:
+            self._backlog.put(None)
+        super().close()
+
     def _accepted(self, n: int, headers: Mapping[str, str], body: bytes) -> None:
-        self._account(body, headers.get("Content-Encoding") or "snappy")
+        encoding = headers.get("Content-Encoding") or "snappy"
+        if self._backlog is not None:
+            self._backlog.put((body, encoding))
+        else:
+            self._account(body, encoding)
         super()._accepted(n, headers, body)
+
+    def _account_backlog(self) -> None:
+        assert self._backlog is not None
+        while (item := self._backlog.get()) is not None:
+            try:
+                self._account(*item)
+            finally:
+                self._backlog.task_done()
+        self._backlog.task_done()
 
     def _account(self, body: bytes, encoding: str) -> None:
         now = time.monotonic()

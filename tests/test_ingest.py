@@ -488,6 +488,11 @@ def test_batches_of_two_nodes_written_to_prometheus_and_acked(
     assert sample(ingester, "cloud_ingest_acks_published_total", result="ok") == 3
     assert sample(ingester, "cloud_ingest_messages_total", outcome="written") == 3
     assert ingester.dead_letters.list() == []
+    # Scraped 120-114.5 s ago by their newest samples: all three in the 60-300 s bucket.
+    for stage in ("decoded", "written"):
+        assert sample(ingester, "cloud_ingest_batch_age_seconds_count", stage=stage) == 3
+        assert sample(ingester, "cloud_ingest_batch_age_seconds_bucket", stage=stage, le="60.0") == 0
+        assert sample(ingester, "cloud_ingest_batch_age_seconds_bucket", stage=stage, le="300.0") == 3
 
 
 def test_acks_echo_the_batch_incarnation_and_only_when_it_has_one(

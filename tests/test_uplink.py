@@ -476,6 +476,38 @@ def test_unacked_batch_is_republished_after_ack_timeout(
     assert published_total(uplink.metrics, "first") == 3
     assert published_total(uplink.metrics, "retry") >= 3
     assert acked_total(uplink.metrics, "ok") >= 3
+    # Publish delay is the first publication's: a republication would count a batch twice.
+    assert metric(uplink.metrics, "edge_relay_publish_delay_seconds_count") == 3
+
+
+def test_publish_delay_is_the_age_of_a_batch_newest_sample_at_its_first_publication(
+    mosquitto: Mosquitto,
+    spool: Spool,
+    make_cloud: Callable[..., FakeCloud],
+    make_uplink: Callable[..., Uplink],
+) -> None:
+    cloud = make_cloud(mosquitto)
+    now_ms = int(time.time() * 1000)
+    # A backlog row scraped 100-90 s ago, then a fresh one.
+    old = spool.batches.append(
+        lambda seq: batch_payload(seq, now_ms - 90_000),
+        first_ts_ms=now_ms - 100_000,
+        last_ts_ms=now_ms - 90_000,
+        sample_count=1,
+    )
+    fresh = append_rows(spool, 1)
+    uplink = make_uplink(mqtt_cfg(mosquitto.port), spool)
+    uplink.kick()
+    wait_until(lambda: len(cloud.seqs()) >= 2, timeout=10, message="both batches at the cloud")
+    assert sorted(cloud.seqs()) == [old, *fresh]
+
+    def bucket(le: str) -> float:
+        return metric(uplink.metrics, "edge_relay_publish_delay_seconds_bucket", le=le)
+
+    assert bucket("5.0") == 1  # the fresh row
+    assert bucket("60.0") == 1
+    assert bucket("300.0") == 2  # the backlog row: 90 s old by its newest sample, not its first
+    assert metric(uplink.metrics, "edge_relay_publish_delay_seconds_sum") >= 90
 
 
 # -- 4. broker down at start ------------------------------------------------------------------------

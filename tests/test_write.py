@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from cloud_ingest.write import (
     DEFAULT_USER_AGENT,
+    LabelBytes,
     RemoteWriteClient,
     WriteOutcome,
     build_write_request,
@@ -358,6 +359,40 @@ def test_property_matches_reference_model(batch: Batch) -> None:
     raw = build_write_request(batch)
     assert_same_as_message_classes(batch, raw)
     assert actual_series(raw) == expected_series(batch)
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches(), st.integers(1, 2000))
+def test_the_label_cache_never_changes_the_bytes(batch: Batch, cache_bytes: int) -> None:
+    cache = LabelBytes(cache_bytes, max_entry_bytes=64)
+    expected = build_write_request(batch)
+    # The same label-set objects again (a v3 node's next frame), then equal ones decoded afresh.
+    assert build_write_request(batch, cache) == expected
+    assert build_write_request(batch, cache) == expected
+    afresh = [tuple(map(tuple, ls)) for ls in batch.labelsets]
+    assert build_write_request(Batch("c", "n", 1, afresh, batch.scrapes), cache) == expected
+
+
+def test_the_label_cache_holds_recent_label_sets_by_identity_within_its_bytes() -> None:
+    cache = LabelBytes(20_000, max_entry_bytes=100)
+    live = [labels(f"m_{i}", job="kepler") for i in range(10)]
+    for ls in live:
+        cache.put(ls, b"x" * 50)
+    assert all(cache.get(ls) == b"x" * 50 for ls in live)
+    assert cache.get(tuple(map(tuple, live[0]))) is None  # equal, not the same object
+    cache.put(labels("big"), b"x" * 101)  # over max_entry_bytes: never kept
+    assert cache.get(labels("big")) is None
+    # A stream of new label sets (a churning node, v2 batches) stays within the bytes, and the live
+    # set, hit in between, survives it.
+    churn = []
+    for i in range(1000):
+        ls = labels(f"churn_{i}")
+        churn.append(ls)
+        cache.put(ls, b"y" * 50)
+        if i % 20 == 0:
+            assert all(cache.get(ls) is not None for ls in live)
+    assert len(cache) * (50 + LabelBytes.ENTRY_OVERHEAD) <= 20_000 + 200
+    assert cache.get(churn[0]) is None
 
 
 # -- the client under test, against rw_mock.MockReceiver --------------------------------------------

@@ -255,6 +255,13 @@ def test_known_label_sets_skip_only_their_own_checks(as_set: bool, with_distinct
     assert refused(good, Limits(max_label_pairs=7)) == "too_many_label_pairs"
     fresh = (("__name__", "up"), ("job", "z"), ("1bad", "x"))
     assert refused([*good, fresh]) == "invalid_label_name"
+    # New label sets that pass beside known ones (a node's churn): checked, and the batch passes.
+    new = [(("__name__", "up"), ("job", f"new{i}")) for i in range(3)]
+    assert refused([*good, *new]) is None
+    # Of several new ones that break rules, the first in batch order names the reason.
+    unsorted = (("job", "u"), ("__name__", "up"))
+    assert refused([*good, unsorted, fresh]) == "unsorted_labels"
+    assert refused([*good, fresh, unsorted]) == "invalid_label_name"
 
 
 def v1_body(batch: Batch) -> bytes:

@@ -355,7 +355,7 @@ def _validate_batch(
         _fail("too_many_series", f"{len(labelsets)} series > {limits.max_series}")
     if len(batch.scrapes) > limits.max_scrapes:
         _fail("too_many_scrapes", f"{len(batch.scrapes)} scrapes > {limits.max_scrapes}")
-    if not _all_known(labelsets, known, limits, distinct):
+    if not _labels_pass(labelsets, known, limits, distinct):
         checker = _LabelChecker(limits)
         pairs = 0
         for labels in labelsets:
@@ -390,15 +390,16 @@ def _validate_batch(
             _fail("too_many_samples", f"more than {limits.max_samples} samples")
 
 
-def _all_known(
+def _labels_pass(
     labelsets: Sequence[Labels],
     known: Container[Labels],
     limits: Limits,
     distinct: AbstractSet[Labels] | None,
 ) -> bool:
-    """True when the label checks of ``_validate_batch`` would pass: every label set checked before,
-    none twice, the pairs within the limit. C-level passes, for the common case of a node's next
-    cycle; anything else takes the loop, which finds the first problem in order."""
+    """True when the label checks of ``_validate_batch`` pass: none twice, the pairs within the limit,
+    and every label set checked before or passing its checks now. C-level set passes, for the common
+    case of a node's next cycle, with a few series new to it (churn); a problem takes the loop, which
+    finds the first one in order."""
     if not known:
         return False
     if distinct is not None and len(distinct) == len(labelsets):
@@ -408,12 +409,20 @@ def _all_known(
             unique = set(labelsets)
         except TypeError:
             return False
-    return (
-        len(unique) == len(labelsets)
-        # Set against set compares the hashes it holds: no label set is hashed a second time.
-        and (unique <= known if isinstance(known, (set, frozenset)) else all(map(known.__contains__, unique)))
-        and sum(map(len, labelsets)) <= limits.max_label_pairs
-    )
+    if len(unique) != len(labelsets) or sum(map(len, labelsets)) > limits.max_label_pairs:
+        return False
+    if not isinstance(known, (set, frozenset)):
+        return all(map(known.__contains__, unique))
+    # Set against set compares the hashes it holds: no label set is hashed a second time.
+    fresh = unique - known
+    if fresh:
+        checker = _LabelChecker(limits)
+        try:
+            for labels in fresh:
+                checker.check_labels(labels)
+        except _Invalid:
+            return False
+    return True
 
 
 def _check_label_names(names: list[str]) -> None:

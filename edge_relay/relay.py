@@ -61,6 +61,7 @@ from schemas.model import Batch
 log = logging.getLogger("edge_relay")
 # Rows waiting at the end of a cycle up to which the live lane still spools the quick form (v1).
 _LIVE_WAITING_ROWS = 4
+_PUBLISH_WAIT_S = 1.0  # at most this long the cycle's housekeeping waits for its row to be published
 _GC_THRESHOLDS = (50_000, 20, 100)  # gen0 allocations, gen0 passes per gen1, gen1 passes per gen2
 
 
@@ -363,9 +364,9 @@ class Relay:
                     self.ledger.record(LossReason.DUPLICATE_SAMPLE, job, ts, ts, s.repeated_timestamps)
         spooled, payloads = self._spool(shaped)
         if spooled:
-            # Published now, not after the recorder (every block_seconds it packs a block: ~0.4 s at
-            # 20,000 series) and the rest of the cycle's housekeeping.
-            self.uplink.kick()
+            # Published before the recorder (every block_seconds it packs a block: 1.5-2 s at 20,000
+            # series on a slow core) and the rest of the cycle's housekeeping start.
+            self.uplink.kick_and_wait(_PUBLISH_WAIT_S)
         # After the backlog's rows, in a transaction of its own: the recorder takes what room is left,
         # and never raises (a recorder failure costs neither a batch nor the cycle). The payloads
         # hold the raw scrapes only when nothing shaped them.

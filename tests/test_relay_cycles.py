@@ -335,10 +335,14 @@ def test_the_live_lane_spools_the_quick_form_only_for_rows_that_go_out_at_once(
 def test_the_uplink_is_kicked_before_the_flight_recorder_packs(
     tmp_path: Path, exporters: ScriptedExporter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The live row is published while the cycle goes on: the recorder (whose block packing takes
-    ~0.4 s at 20,000 series) runs after the uplink was told, with the row in the spool already."""
+    """The live row is published before the cycle goes on: the recorder (whose block packing takes
+    1.5-2 s at 20,000 series on a slow core) runs after the uplink was told and waited for (bounded),
+    with the row in the spool already."""
     events: list[str] = []
     monkeypatch.setattr(Uplink, "kick", lambda self: events.append("kick"))
+    monkeypatch.setattr(
+        Uplink, "kick_and_wait", lambda self, timeout_s: events.append(f"kick, wait {timeout_s:g} s")
+    )
     relay = open_relay(write_config(tmp_path, exporters, budget=None, names=("good",)))
     try:
         record = relay.recorder.record
@@ -349,6 +353,6 @@ def test_the_uplink_is_kicked_before_the_flight_recorder_packs(
 
         monkeypatch.setattr(relay.recorder, "record", recording)
         relay.cycle()
-        assert events[:2] == ["kick", "record with 1 row(s) spooled"]
+        assert events[:2] == ["kick, wait 1 s", "record with 1 row(s) spooled"]
     finally:
         close(relay)

@@ -425,6 +425,26 @@ def test_idle_uplink_sleeps_and_publishes_a_kicked_row_at_once(
 # -- 2. in-flight window ----------------------------------------------------------------------------
 
 
+def test_kick_and_wait_returns_once_the_kicked_row_is_published(
+    mosquitto: Mosquitto,
+    spool: Spool,
+    make_cloud: Callable[..., FakeCloud],
+    make_uplink: Callable[..., Uplink],
+) -> None:
+    uplink = make_uplink(mqtt_cfg(mosquitto.port), spool)
+    # Not connected yet: at once, without waiting out the timeout.
+    started = time.monotonic()
+    if not uplink.connected:
+        assert uplink.kick_and_wait(30.0) is False
+        assert time.monotonic() - started < 5.0
+    wait_until(lambda: uplink.connected, timeout=10, message="uplink connected")
+    make_cloud(mosquitto)
+    for n in range(1, 4):
+        append_rows(spool, 1)
+        assert uplink.kick_and_wait(10.0) is True
+        assert published_total(uplink.metrics, "first") == n  # by the time it returns
+
+
 def test_inflight_window_limits_outstanding_batches(
     mosquitto: Mosquitto,
     spool: Spool,

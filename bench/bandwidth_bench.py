@@ -399,6 +399,7 @@ def run(args: argparse.Namespace) -> str:
             churn_ticks=CHURN_TICKS,
             series=args.series,
             vendor=args.vendor,
+            prerender=True,  # no scraper waits for the Python renderer (simulator/server.py)
         )
         sim.argv = die_with_parent(sim.argv)
         sim.start()

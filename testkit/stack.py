@@ -187,6 +187,7 @@ class SimulatorProcess:
         vendor: str = "nvidia",
         incidents: Sequence[Incident] = (),
         dcgm_health_fields: bool = False,
+        prerender: bool = False,
     ) -> None:
         from simulator import Simulator
         from simulator.server import PORT_OPTIONS, vendor_exporters
@@ -218,6 +219,8 @@ class SimulatorProcess:
             ]
         if dcgm_health_fields:
             self.argv.append("--dcgm-health-fields")
+        if prerender:
+            self.argv.append("--prerender")
         self.log_path = workdir / "simulator.log"
         self.proc: subprocess.Popen[str] | None = None
         self.urls: dict[str, str] = {}

@@ -353,6 +353,6 @@ def test_the_uplink_is_kicked_before_the_flight_recorder_packs(
 
         monkeypatch.setattr(relay.recorder, "record", recording)
         relay.cycle()
-        assert events[:2] == ["kick, wait 1 s", "record with 1 row(s) spooled"]
+        assert events[:2] == ["kick, wait 0.5 s", "record with 1 row(s) spooled"]
     finally:
         close(relay)

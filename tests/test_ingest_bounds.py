@@ -33,7 +33,7 @@ from cloud_ingest import settings as settings_mod
 from cloud_ingest.decode import REQUEST_EXPANSION, Decoded, Refused, decode
 from cloud_ingest.service import Ingester
 from cloud_ingest.subscribe import Admission
-from cloud_ingest.write import build_write_request, request_size_bound
+from cloud_ingest.write_request import build_write_request, request_size_bound
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
 from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture  # shared fixture, explicit re-export

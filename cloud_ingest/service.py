@@ -300,9 +300,7 @@ class Ingester:
                 return self._need_state(message, r.cluster, r.node, r.seq, r.incarnation)
             return self._refuse(message, payload, r)
         batch = decoded.batch
-        self.metrics.batch_age.labels("decoded").observe(
-            max(0.0, time.time() - batch.last_timestamp_ms / 1000)
-        )
+        self._observe_age("decoded", batch)
         if decoded.identity_overridden:
             self.metrics.identity_overridden.labels(decoded.node).inc(decoded.identity_overridden)
             self._warn_once(
@@ -352,6 +350,9 @@ class Ingester:
             return "retry_later"
         return self._finish(message, payload, decoded, written, refused, reasons)
 
+    def _observe_age(self, stage: str, batch: Batch) -> None:
+        self.metrics.batch_age.labels(stage).observe(max(0.0, time.time() - batch.last_timestamp_ms / 1000))
+
     def _finish(
         self,
         message: mqtt.MQTTMessage,
@@ -397,9 +398,7 @@ class Ingester:
         if written:
             self.metrics.samples_written.labels(decoded.node).inc(written)
             self.metrics.batches_written.labels(decoded.node).inc()
-            self.metrics.batch_age.labels("written").observe(
-                max(0.0, time.time() - batch.last_timestamp_ms / 1000)
-            )
+            self._observe_age("written", batch)
             self.fleet.observe_written(
                 decoded.cluster,
                 decoded.node,

@@ -140,12 +140,10 @@ class LabelBytes:
         hit = self._new.get(key)
         if hit is None:
             hit = self._old.pop(key, None)
-            if hit is None or hit[0] is not labels:
+            if hit is None:
                 return None
             self._keep(key, hit)
-        elif hit[0] is not labels:
-            return None
-        return hit[1]
+        return hit[1] if hit[0] is labels else None
 
     def put(self, labels: Labels, encoded: bytes) -> None:
         if len(encoded) <= self.max_entry_bytes:

@@ -78,9 +78,13 @@ def read_metrics(url: str, timeout: float = 5) -> list[MetricSample]:
     ]
 
 
+def _includes(lab: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(lab.get(k) == x for k, x in labels.items())
+
+
 def metric_sum(samples: Iterable[MetricSample], name: str, **labels: str) -> float:
     """Sum of the samples called ``name`` whose labels include ``labels`` (0 if there are none)."""
-    return sum(v for n, lab, v in samples if n == name and all(lab.get(k) == x for k, x in labels.items()))
+    return sum(v for n, lab, v in samples if n == name and _includes(lab, labels))
 
 
 def histogram_buckets(samples: Iterable[MetricSample], name: str, **labels: str) -> dict[float, float]:
@@ -88,7 +92,7 @@ def histogram_buckets(samples: Iterable[MetricSample], name: str, **labels: str)
     summed), by upper bound."""
     buckets: dict[float, float] = {}
     for n, lab, v in samples:
-        if n == f"{name}_bucket" and all(lab.get(k) == x for k, x in labels.items()):
+        if n == f"{name}_bucket" and _includes(lab, labels):
             le = float(lab["le"])
             buckets[le] = buckets.get(le, 0.0) + v
     return buckets

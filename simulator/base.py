@@ -50,8 +50,10 @@ Pairs = tuple[tuple[str, str], ...]
 
 # Series value kinds.
 CONST, GAUGE, COUNTER = 0, 1, 2
-# Number formats: Go strconv 'g' (client_golang), dcgm-exporter's %d and %f, Python prometheus_client.
-FMT_GO, FMT_INT, FMT_FLOAT, FMT_PY = 0, 1, 2, 3
+# Number formats: Go strconv 'g' (client_golang), dcgm-exporter's %d and %f, Python prometheus_client,
+# and Go 'g' of a CPU time in clock ticks (Kepler v0.11's process CPU time: ticks / USER_HZ).
+FMT_GO, FMT_INT, FMT_FLOAT, FMT_PY, FMT_GO_TICKS = 0, 1, 2, 3, 4
+USER_HZ: Final = 100
 # Instance states: running, reported once more as terminated (Kepler v0.11), GPU held by no pod (dcgm).
 RUN, TERM, UNHELD = 0, 1, 2
 # Unit kinds.

@@ -26,6 +26,7 @@ from simulator.base import (
     EXPORTERS,
     FLAT,
     FMT_GO,
+    FMT_GO_TICKS,
     FMT_INT,
     FMT_PY,
     GAUGE,
@@ -33,6 +34,7 @@ from simulator.base import (
     STATIC,
     TERM,
     UNHELD,
+    USER_HZ,
     Exposition,
     Shape,
     Tpl,
@@ -198,6 +200,10 @@ class Simulator:
                             text = str(round(v)) if tpl.om_int and openmetrics else fmt_float(v)
                     elif tpl.fmt == FMT_INT:
                         text = f"{round(v):d}"
+                    elif tpl.fmt == FMT_GO_TICKS:
+                        # The fixture's value at tick 0, whole ticks after it; rounded up, so the
+                        # counter never goes below its start.
+                        text = fmt_float(v if v == tpl.a else math.ceil(v * USER_HZ) / USER_HZ)
                     else:
                         text = f"{v:f}"
                     buckets[fam].append((key, prefix + text + "\n"))

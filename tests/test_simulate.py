@@ -246,6 +246,24 @@ def test_a_steady_container_keeps_advancing() -> None:
     assert 0.5 * 1.818236 * 950 < values[-1] - values[0] < 10 * 950
 
 
+def test_kepler_process_cpu_time_moves_in_whole_clock_ticks() -> None:
+    """As Kepler reads it ((utime + stime) / USER_HZ); a series still at its tick-0 value keeps the
+    fixture's spelling, and rounding up never takes a counter below where it started."""
+    sim = Simulator(4, 3000, 5.0, churn_ticks=6)
+    name = "kepler_process_cpu_seconds_total"
+    start = {k: v for k, (_, v) in quick(sim.render("kepler", 0)).items() if k.startswith(name)}
+    assert sum(1 for v in start.values() if round(v * 100) / 100 != v) > 10  # the fixture's 17 digits
+    moved = 0
+    for tick in (1, 2, 7, 40):
+        for key, (_, v) in quick(sim.render("kepler", tick)).items():
+            if not key.startswith(name) or v == start.get(key):
+                continue
+            assert v == round(v * 100) / 100, (tick, key, v)  # float64(ticks) / 100, as Kepler computes it
+            assert key not in start or v > start[key], (tick, key)
+            moved += 1
+    assert moved > 400
+
+
 def test_gauges_stay_in_bounds() -> None:
     sim = Simulator(4, None, 5.0, churn_ticks=5)
     for tick in range(0, 400, 13):

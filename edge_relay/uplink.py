@@ -32,18 +32,17 @@ import logging
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import paho.mqtt.client as mqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from edge_relay.acks import apply_ack
 from edge_relay.backfill import CommandInbox
 from edge_relay.budget.pacer import Pacer
-from edge_relay.ledger import LossReason, LossRecord
+from edge_relay.ledger import LossReason
 from edge_relay.netloop import WakeableLoop
-from edge_relay.retention import describe_row
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
 from edge_relay.spool import InFlight, SendQueue, SpoolError
@@ -51,7 +50,6 @@ from edge_relay.stream import Prepared, StreamCoder
 from relay_common.backoff import Backoff
 from relay_common.mqtt_tls import tls_configure
 from schemas import codec, topics
-from schemas.codec import AckResult
 from schemas.codec.command import decode_request, peek_request_id
 
 log = logging.getLogger("edge_relay.uplink")
@@ -68,55 +66,6 @@ _IDLE_PUMP_EVERY_S = 5.0
 _RECONNECT_ACK_WAIT_S = 10.0
 # The longest one network-loop turn blocks: paho's keepalive housekeeping runs at least this often.
 _TURN_MAX_S = 1.0
-
-
-@dataclass(frozen=True, slots=True)
-class AppliedAck:
-    ignored: bool  # for another spool incarnation: nothing was done
-    latencies: list[float] = field(default_factory=list)  # seconds since publication, of acked batches
-    refused: list[tuple[AckResult, LossRecord]] = field(default_factory=list)  # rows refused, as ledgered
-
-
-def apply_ack(
-    queue: SendQueue, inflight: InFlight, ack: codec.Ack, now: float, stream: StreamCoder | None = None
-) -> AppliedAck:
-    """What one ack does to the spool: ``ok`` deletes the row; ``rejected`` deletes it together with
-    its loss ledger entry (retrying would only loop; deleting silently would lose data without a
-    trace), ``partial`` too, with the count of samples the cloud refused (it wrote the others); an ack
-    of another spool incarnation does nothing at all. With stream coding (``stream``): ``need_state``,
-    and ``rejected`` for a v3 frame, keep the row, to be published again self-contained. Every acked
-    seq leaves the in-flight set. Raises SpoolError when the spool cannot apply it (the rows stay; the
-    batches are published again and acked again)."""
-    if not queue.applies(ack.incarnation):
-        return AppliedAck(ignored=True)
-    latencies: list[float] = []
-    final: list[AckResult] = []  # the results that finish their row
-    for result in ack.results:
-        sent = inflight.pop(result.seq)
-        if result.result == "need_state":
-            if stream is not None:
-                stream.need_state(result.seq)
-            continue
-        if sent is not None:
-            latencies.append(now - sent)
-        if (
-            result.result == "rejected"
-            and stream is not None
-            and stream.rejected(result.seq, result.reason or "")
-        ):
-            continue
-        if stream is not None:
-            stream.done(result.seq)
-        final.append(result)
-    queue.acked([r.seq for r in final if r.result == "ok"])
-    refused: list[tuple[AckResult, LossRecord]] = []
-    for result in final:
-        if result.result != "ok":
-            count = result.refused if result.result == "partial" else None
-            loss = queue.refused(result.seq, describe_row, samples=count)
-            if loss is not None:
-                refused.append((result, loss))
-    return AppliedAck(False, latencies, refused)
 
 
 class StatusSource(Protocol):

@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from edge_relay.acks import apply_ack
 from edge_relay.ledger import LossLedger
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.spool import InFlight, SendQueue, Spool
 from edge_relay.spool.schema import SpoolRow
 from edge_relay.stream import RecentBatches, StreamCoder
-from edge_relay.uplink import apply_ack
 from schemas import codec
 from schemas.codec import Ack, AckResult
 from schemas.codec.envelope import _open_envelope

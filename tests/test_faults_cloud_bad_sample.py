@@ -55,13 +55,16 @@ def test_refused_samples_cost_only_themselves(tmp_path: Path, make_service: Serv
         ingest_cfg = ingest_config(
             tmp_path, mqtt_port=mosquitto.port, remote_write_url=prometheus.remote_write_url
         )
-        run_relay_and_ingester(tmp_path, relay_cfg, ingest_cfg, RUN_SECONDS)
+        relay = run_relay_and_ingester(tmp_path, relay_cfg, ingest_cfg, RUN_SECONDS)
         scrapes = exporter.requests
     assert scrapes >= RUN_SECONDS - 3
 
     series = {dict(k)["__name__"]: got for k, got in prometheus.raw_samples('{job="faulty"}').items()}
     stamps = [t for t, _ in series["up"]]
-    assert [v for _, v in series["up"]] == [1.0] * scrapes
+    # With what a failure needs to be understood (this wait on real services has failed once under
+    # load, one `up` short, and not since): the samples Prometheus holds and the relay's log.
+    why = (scrapes, series.get("up"), ledger_totals(relay_cfg), relay.log_tail())
+    assert [v for _, v in series["up"]] == [1.0] * scrapes, why
     assert series["ok_before"] == [(t, float(n)) for n, t in enumerate(stamps, start=1)]
     assert series["ok_after"] == [(t, n / 2) for n, t in enumerate(stamps, start=1)]
     assert series["dup_metric"] == [(dup_ts, 1.0)]  # the first value at that timestamp, only

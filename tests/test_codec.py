@@ -360,9 +360,24 @@ def test_golden_batch_bytes_stable(path: Path) -> None:
 def test_golden_ack(path: Path) -> None:
     expected = _expected(path)["decoded"]
     ack = codec.decode_ack(path.read_bytes())
-    assert {"v": ack.v, "node": ack.node, "results": [list(r[:3]) for r in ack.results]} == expected
+    assert mg.ack_view(ack) == expected
     results = [AckResult(*r) for r in expected["results"]]
-    assert codec.encode_ack(expected["node"], results) == path.read_bytes()
+    again = codec.encode_ack(expected["node"], results, incarnation=expected.get("inc", 0))
+    assert again == path.read_bytes()
+
+
+def test_golden_control_vectors_are_what_make_golden_makes() -> None:
+    """The ack and status vectors on disk are the generator's output, JSON included (the ack JSONs
+    had drifted: the generator wrote five fields per result, the files held three)."""
+    made = {name: v for name, v in mg.vectors().items() if v[1]["kind"] in ("ack", "status")}
+    on_disk = {p.stem for prefix in ("ack_", "status_") for p in GOLDEN.glob(f"{prefix}*.bin")}
+    assert set(made) == on_disk
+    acks = [_expected(GOLDEN / f"{name}.bin")["decoded"] for name in made if name.startswith("ack_")]
+    assert any("inc" in ack for ack in acks)  # every kind of result, with and without an incarnation
+    assert {r[1] for ack in acks for r in ack["results"]} == {"ok", "rejected", "partial", "need_state"}
+    for name, (data, view) in made.items():
+        assert (GOLDEN / f"{name}.bin").read_bytes() == data, name
+        assert _expected(GOLDEN / f"{name}.bin") == json.loads(json.dumps(view)), name
 
 
 @pytest.mark.parametrize("path", _golden("status_"), ids=lambda p: p.stem)

@@ -333,14 +333,36 @@ BATCHES = {
 V2_BATCHES = {**BATCHES, "batch_window": (batch_window, "two targets, four scrapes, every value column")}
 
 
-def ack_vectors() -> dict[str, tuple[str, list[codec.AckResult], str]]:
+def ack_vectors() -> dict[str, tuple[str, list[codec.AckResult], int, str]]:
+    """(node, results, incarnation, description); incarnation 0: no ``inc`` key (older relays)."""
     ok = [codec.AckResult(s, "ok") for s in (1, 2, 3, 4, 5, 7, 9, 10)]
     rej = [codec.AckResult(6, "rejected", "bad_index"), codec.AckResult(8, "rejected", "decompression_limit")]
+    partial = codec.AckResult(12, "partial", "remote write 400: out of bounds", written=1998, refused=2)
     return {
-        "ack_mixed": ("edge-01", ok + rej, "ok ranges and single seqs, two rejects"),
-        "ack_single": ("edge-gpu-01", [codec.AckResult(42, "ok")], "one acked seq"),
-        "ack_reject_only": ("edge-01", [codec.AckResult(2**40, "rejected", "remote write 400")], "reject"),
+        "ack_mixed": ("edge-01", ok + rej, 0, "ok ranges and single seqs, two rejects"),
+        "ack_single": ("edge-gpu-01", [codec.AckResult(42, "ok")], 0, "one acked seq"),
+        "ack_reject_only": ("edge-01", [codec.AckResult(2**40, "rejected", "remote write 400")], 0, "reject"),
+        "ack_partial": (
+            "edge-01",
+            [codec.AckResult(11, "ok"), partial],
+            1733097600123456,
+            "an ok and a partial result (samples written and refused), for a spool incarnation",
+        ),
+        "ack_need_state": (
+            "edge-01",
+            [codec.AckResult(20, "ok"), codec.AckResult(21, "need_state"), codec.AckResult(22, "need_state")],
+            1733097600123456,
+            "v3 frames whose base state the replica lacks: publish them again self-contained",
+        ),
     }
+
+
+def ack_view(ack: codec.Ack) -> dict[str, Any]:
+    """An ack's golden JSON: every result as [seq, result, reason, written, refused]; ``inc`` if given."""
+    view: dict[str, Any] = {"v": ack.v, "node": ack.node, "results": [list(r) for r in ack.results]}
+    if ack.incarnation:
+        view["inc"] = ack.incarnation
+    return view
 
 
 def status_vectors() -> dict[str, tuple[dict[str, Any], str]]:
@@ -509,11 +531,12 @@ def vectors() -> dict[str, tuple[bytes, dict[str, Any]]]:
         view = {"kind": "batch", "description": description, "encoder": encoder_info()}
         view.update(codec.batch_to_json(header, decoded))
         out[f"v2_{name}"] = (data, view)
-    for name, (node, results, description) in ack_vectors().items():
-        data = codec.encode_ack(node, results)
-        ack = codec.decode_ack(data)
-        ack_view = {"v": ack.v, "node": ack.node, "results": [list(r) for r in ack.results]}
-        out[name] = (data, {"kind": "ack", "description": description, "decoded": ack_view})
+    for name, (node, results, incarnation, description) in ack_vectors().items():
+        data = codec.encode_ack(node, results, incarnation=incarnation)
+        out[name] = (
+            data,
+            {"kind": "ack", "description": description, "decoded": ack_view(codec.decode_ack(data))},
+        )
     for name, (status, description) in status_vectors().items():
         data = codec.encode_status(status)
         out[name] = (

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cloud_ingest.isolate import split_future
-from cloud_ingest.write_request import request_size_bound
+from cloud_ingest.write_request import LabelBytes, request_size_bound
 from schemas import codec, topics
 from schemas.model import Batch, Labels
 
@@ -79,9 +79,11 @@ def decode(
     now_ms: int | None = None,
     max_request_bytes: int | None = None,
     decoder: Callable[[bytes], Batch] | None = None,
+    labels_cache: LabelBytes | None = None,
 ) -> Decoded:
     """The batch of one message, or :class:`Refused`. ``max_request_bytes`` caps the remote-write
-    request it may become (default ``REQUEST_EXPANSION`` x ``limits.max_decompressed_bytes``)."""
+    request it may become (default ``REQUEST_EXPANSION`` x ``limits.max_decompressed_bytes``), measured
+    with the writer's ``labels_cache`` when given (``request_size_bound``)."""
     try:
         cluster, node, kind = topics.parse_topic(prefix, topic)
     except ValueError as e:
@@ -143,7 +145,10 @@ def decode(
     if cap is None:
         cap = REQUEST_EXPANSION * limits.max_decompressed_bytes
     size = request_size_bound(
-        batch, cap, max_pair_bytes=limits.max_label_name_bytes + limits.max_label_value_bytes
+        batch,
+        cap,
+        max_pair_bytes=limits.max_label_name_bytes + limits.max_label_value_bytes,
+        labels_cache=labels_cache,
     )
     if size > cap:
         raise Refused(

@@ -294,6 +294,7 @@ class Ingester:
                 limits=s.limits,
                 max_future_seconds=s.max_future_seconds,
                 decoder=self.stream.decode,
+                labels_cache=self.writer.labels_cache,
             )
         except Refused as r:
             if r.reason == "need_state" and r.cluster is not None and r.node is not None and r.seq:

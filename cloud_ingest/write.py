@@ -237,7 +237,8 @@ class RemoteWriteClient:
         self._warn = RateLimitedLog(log, warn_interval_s, clock)
         self._config_error = RateLimitedLog(log, warn_interval_s, clock, logging.ERROR)
         self._on_config_error = on_config_error
-        self._labels = LabelBytes(label_cache_bytes) if label_cache_bytes else None
+        # Public: the service measures each batch's request with it before the write (cloud_ingest.decode).
+        self.labels_cache = LabelBytes(label_cache_bytes) if label_cache_bytes else None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -255,7 +256,7 @@ class RemoteWriteClient:
         self.close()
 
     def write(self, batch: Batch, *, permanent_after: int | None = None) -> WriteOutcome:
-        body = encode_body(batch, self._labels)
+        body = encode_body(batch, self.labels_cache)
         return self.write_body(body, batch.sample_count, permanent_after=permanent_after)
 
     def write_body(

@@ -68,7 +68,13 @@ _MAX_SERIES_HEAD_BYTES = 1 + 5
 _MAX_LABEL_HEAD_BYTES = 3 * (1 + 5)
 
 
-def request_size_bound(batch: Batch, cap: int | None = None, *, max_pair_bytes: int | None = None) -> int:
+def request_size_bound(
+    batch: Batch,
+    cap: int | None = None,
+    *,
+    max_pair_bytes: int | None = None,
+    labels_cache: LabelBytes | None = None,
+) -> int:
     """An upper bound of ``len(build_write_request(batch))``, without building the request.
 
     A batch names each label string once (v2: once per batch, in a dictionary), the request once per
@@ -77,7 +83,10 @@ def request_size_bound(batch: Batch, cap: int | None = None, *, max_pair_bytes: 
     that is within it is returned, each dearer and tighter than the one before: every pair at
     ``max_pair_bytes`` (the codec's name + value limits; one step per series), every label character
     at 4 bytes (the most UTF-8 takes; one step per string, ~20 ns), and the exact labels (every
-    distinct pair encoded once to measure it, a dict lookup per pair).
+    distinct pair encoded once to measure it, a dict lookup per pair). With a ``labels_cache`` whose
+    first label set is known (a v3 node's live series: ``LabelBytes``), the second bound takes the
+    cached label sets at their encoded size, one lookup per series (19,000 Kepler-like series: about
+    4 ms against 19 for every character).
     """
     labelsets = batch.labelsets
     fixed = _MAX_SERIES_HEAD_BYTES * len(labelsets) + _MAX_SAMPLE_BYTES * batch.sample_count
@@ -87,8 +96,10 @@ def request_size_bound(batch: Batch, cap: int | None = None, *, max_pair_bytes: 
             loose = fixed + (max_pair_bytes + _MAX_LABEL_HEAD_BYTES) * pairs
             if loose <= cap:
                 return loose
-        chars = sum(map(len, chain.from_iterable(chain.from_iterable(labelsets))))
-        quick = fixed + 4 * chars + _MAX_LABEL_HEAD_BYTES * pairs
+        if labels_cache is not None and labelsets and labels_cache.get(labelsets[0]) is not None:
+            quick = fixed + _known_labels_bound(labelsets, labels_cache)
+        else:
+            quick = fixed + _chars_bound(labelsets)
         if quick <= cap:
             return quick
     sizes: dict[tuple[str, str], int] = {}
@@ -101,6 +112,26 @@ def request_size_bound(batch: Batch, cap: int | None = None, *, max_pair_bytes: 
                 size = sizes[pair] = len(_encode_pair(pair))
             total += size
     return total
+
+
+def _chars_bound(labelsets: list[Labels]) -> int:
+    """The label sets' encoded size at most: 4 bytes a character, every label's tags and lengths."""
+    chars = sum(map(len, chain.from_iterable(chain.from_iterable(labelsets))))
+    return 4 * chars + _MAX_LABEL_HEAD_BYTES * sum(map(len, labelsets))
+
+
+def _known_labels_bound(labelsets: list[Labels], labels_cache: LabelBytes) -> int:
+    """``_chars_bound``, with the label sets ``labels_cache`` holds at their exact encoded size."""
+    get = labels_cache.get
+    total = 0
+    unknown: list[Labels] = []
+    for labels in labelsets:
+        known = get(labels)
+        if known is None:
+            unknown.append(labels)
+        else:
+            total += len(known)
+    return total + _chars_bound(unknown)
 
 
 def _sample_tail(timestamp_ms: int) -> bytes:

@@ -33,6 +33,7 @@ from cloud_ingest.write import (
     WriteOutcome,
     build_write_request,
     encode_body,
+    request_size_bound,
 )
 from relay_common.backoff import Backoff
 from schemas import remote_write_pb as pb
@@ -371,6 +372,29 @@ def test_the_label_cache_never_changes_the_bytes(batch: Batch, cache_bytes: int)
     assert build_write_request(batch, cache) == expected
     afresh = [tuple(map(tuple, ls)) for ls in batch.labelsets]
     assert build_write_request(Batch("c", "n", 1, afresh, batch.scrapes), cache) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches(), st.integers(1, 2000), st.integers(0, 6))
+def test_the_size_bound_with_the_label_cache_stays_an_upper_bound(
+    batch: Batch, cache_bytes: int, new_series: int
+) -> None:
+    """The ingester's expansion check measures a request with the writer's cache: cached label sets at
+    their encoded size, the others (new series, entries the cache let go) by their characters."""
+    cache = LabelBytes(cache_bytes, max_entry_bytes=64)
+    build_write_request(batch, cache)  # the frame before: the cache holds what fitted
+    sets = batch.labelsets + [labels(f"new_{i}", k="v") for i in range(new_series)]
+    blocks = [
+        *batch.scrapes,
+        block(1_700_000_000_000, [(len(batch.labelsets) + i, 1.0) for i in range(new_series)]),
+    ]
+    grown = Batch("c", "n", 1, sets, blocks)
+    actual = len(build_write_request(grown))
+    huge = 1 << 62
+    with_cache = request_size_bound(grown, huge, labels_cache=cache)
+    assert actual <= with_cache <= request_size_bound(grown, huge)
+    if new_series == 0 and all(cache.get(ls) is not None for ls in batch.labelsets):
+        assert with_cache == request_size_bound(grown)  # every label set cached: the labels exactly
 
 
 def test_the_label_cache_holds_recent_label_sets_by_identity_within_its_bytes() -> None:

@@ -407,3 +407,21 @@ def test_a_batch_whose_label_list_was_replaced_is_checked_in_full() -> None:
         encode_checked(batch2, valid, version=codec.FORMAT_V1)
     assert info.value.reason == "invalid_label_name"
     assert bad not in valid
+
+
+def test_the_label_table_travels_with_its_batch() -> None:
+    """The table ``to_batch`` numbered a batch's series by belongs to that batch: building a second
+    batch (another thread's, a split half's) leaves the first one's shortcut intact, and a batch whose
+    label list was replaced or grown has none."""
+    a = ShapedScrape(
+        "t", 1_700_000_000_000, [(("__name__", "a"), ("i", str(i))) for i in range(3)], array("d", [1.0] * 3)
+    )
+    b = ShapedScrape("t", 1_700_000_000_000, [(("__name__", "b"),)], array("d", [2.0]))
+    first = to_batch("c", "n", [a])
+    second = to_batch("c", "n", [b])
+    assert first.distinct_labelsets() == set(a.labels)
+    assert second.distinct_labelsets() == set(b.labels)
+    first.labelsets.append((("__name__", "c"),))
+    assert first.distinct_labelsets() is None
+    second.labelsets = list(second.labelsets)
+    assert second.distinct_labelsets() is None

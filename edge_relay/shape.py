@@ -75,8 +75,9 @@ class TargetShaper:
     """Per-target state: label decoration cache and the series of the previous scrape.
 
     The decoration cache has two generations, like ``parse.SeriesCache``: every
-    ``DECORATE_GENERATION`` scrapes the current map becomes the old one and the old one is dropped; a
-    series found in the old map moves back. So it holds the live series plus at most two generations
+    ``DECORATE_GENERATION`` decorated scrapes (those the same-series shortcut took do not count) the
+    current map becomes the old one and the old one is dropped; a series found in the old map moves
+    back. So it holds the live series plus at most two generations
     of churn. (A single map cleared only at ``4 * max(live, 50_000)`` entries held every series a
     churning target had for hundreds of scrapes, each entry two label sets the parser's cache had long
     dropped: at 20,000 series on the simulator ~1 MiB a cycle, some 300 MiB before it was cleared.)
@@ -184,15 +185,18 @@ class TargetShaper:
         duration_s: float,
     ) -> ShapedScrape:
         """``samples`` is None for a failed scrape."""
+        if samples is not None and self._last is not None:
+            again = self._again(timestamp_ms, samples, duration_s)
+            if again is not None:
+                return again
+        # Generations count the scrapes that went through ``decorate``: a scrape the shortcut took
+        # brought no churn, and counting it would age a stable target's whole cache out, so that the
+        # first change after a quiet hour decorated and checked every series again.
         self._scrapes += 1
         if self._scrapes >= DECORATE_GENERATION:
             self._scrapes = 0
             self._decorated_old, self._decorated = self._decorated, {}
             self._checker = SeriesChecker(self.limits)  # it remembers label names: bound it too
-        if samples is not None and self._last is not None:
-            again = self._again(timestamp_ms, samples, duration_s)
-            if again is not None:
-                return again
         self._last = None
         out = ShapedScrape(self.target, timestamp_ms)
         labels_out, values_out = out.labels, out.values

@@ -21,7 +21,7 @@ from edge_relay.shape import (
     total_samples,
 )
 from schemas import codec
-from schemas.codec import DEFAULT_LIMITS, Limits
+from schemas.codec import DEFAULT_LIMITS, Limits, SeriesChecker
 from schemas.model import STALE_NAN_BITS, Labels, float_bits, is_stale
 
 TARGET_LABELS = {"job": "kepler", "instance": "edge-1:28282"}
@@ -182,6 +182,29 @@ def test_decorate_cache_forgets_churned_series_after_two_generations() -> None:
         assert len(sh._decorated) + len(sh._decorated_old) <= len(live) + 2 * DECORATE_GENERATION * 5
     # A live series is never dropped, and a cached result is the same object.
     assert all(sh.decorate(labels) is got for labels, got in zip(live, first, strict=True))
+
+
+def test_a_stable_target_keeps_its_decorations_while_the_shortcut_takes_its_scrapes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Scrapes of the very same series take the shortcut and do not age the decoration cache: after
+    many quiet scrapes a single new series is the only one decorated and checked again."""
+    sh = shaper()
+    live = [L("m", i=str(i)) for i in range(20)]
+    for scrape in range(4 * DECORATE_GENERATION):
+        sh.shape(1000 + scrape, samples(*((labels, float(scrape)) for labels in live)), 0.0)
+    checked: list[Labels] = []
+    real = SeriesChecker.labels_error
+
+    def counting(self: SeriesChecker, labels: Labels) -> str | None:
+        checked.append(labels)
+        return real(self, labels)
+
+    monkeypatch.setattr(SeriesChecker, "labels_error", counting)
+    new = L("m", i="new")
+    out = sh.shape(9000, samples(*((labels, 1.0) for labels in [*live, new])), 0.0)
+    assert [dict(x).get("i") for x in checked] == ["new"]
+    assert len(out) == len(live) + 1 + 3  # the synthetic up, duration and samples scraped
 
 
 # --------------------------------------------------------------------------------------------------

@@ -25,7 +25,15 @@ from testkit.netfaults import LinkProxy
 from testkit.readings import ProcStats, fmt_bytes, metric_sum, path_bytes, proc_stats, read_metrics
 from testkit.rw_tap import RemoteWriteTap
 from testkit.services import ManagedProcess, Mosquitto, Prometheus, die_with_parent
-from testkit.stack import Program, SimulatorProcess, ingest_config, ledger_totals, program, relay_config
+from testkit.stack import (
+    Program,
+    SimulatorProcess,
+    ingest_config,
+    ledger_totals,
+    metrics_url,
+    program,
+    relay_config,
+)
 
 NODE = "edge-gpu-01"
 CLUSTER = "test"  # relay_config's cluster
@@ -184,12 +192,11 @@ class Ours(System):
 
     @property
     def relay_metrics_url(self) -> str:
-        return f"http://{yaml.safe_load(self.relay_cfg.read_text())['metrics']['listen']}/metrics"
+        return metrics_url(self.relay_cfg)
 
     @property
     def ingest_metrics_url(self) -> str:
-        cfg = yaml.safe_load((self.workdir / "ingest.yaml").read_text())
-        return f"http://{cfg['metrics']['listen']}/metrics"
+        return metrics_url(self.workdir / "ingest.yaml")
 
     def edge_processes(self) -> dict[str, int]:
         out = {}

@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import paho.mqtt.client as mqtt
+import requests
 import yaml
 
 from schemas import codec, topics
-from testkit.services import free_port
+from testkit.services import free_port, wait_until
 
 if TYPE_CHECKING:
     from simulator.incidents import Incident
@@ -97,8 +98,9 @@ def run_relay_and_ingester(
     raises AssertionError with the relay's log when it died or did not stop cleanly."""
     ingest = program("cloud-ingest", "cloud_ingest.cli", ingest_cfg, workdir).start()
     relay = program("edge-relay", "edge_relay.cli", relay_cfg, workdir, "--drain-seconds", str(drain_seconds))
-    relay.start()
     try:
+        wait_connected(ingest, metrics_url(ingest_cfg), "cloud_ingest_mqtt_connected")
+        relay.start()
         time.sleep(seconds)
         assert relay.alive(), relay.log_tail()
         assert relay.stop() == 0, relay.log_tail()
@@ -106,6 +108,28 @@ def run_relay_and_ingester(
         relay.kill()
         ingest.stop()
     return relay
+
+
+def metrics_url(config: Path) -> str:
+    """The self-metrics page of the relay or ingester that ``config`` configures."""
+    return f"http://{yaml.safe_load(config.read_text())['metrics']['listen']}/metrics"
+
+
+def wait_connected(prog: Program, url: str, gauge: str, timeout: float = 30) -> None:
+    """Until ``gauge`` on the metrics page ``url`` is 1. For the ingester's
+    ``cloud_ingest_mqtt_connected`` this means subscribed: it sends its SUBSCRIBE before it sets the
+    gauge, so a relay started afterwards never publishes into a broker without a subscriber (its first
+    batches would come back only after the ack timeout, behind later ones: out of order)."""
+
+    def connected() -> bool:
+        assert prog.alive(), f"{prog.name} exited:\n{prog.log_tail()}"
+        try:
+            page = requests.get(url, timeout=2).text
+        except requests.RequestException:
+            return False
+        return any(line.split() == [gauge, "1.0"] for line in page.splitlines())
+
+    wait_until(connected, timeout, 0.1, f"{prog.name} connected ({gauge})")
 
 
 def write_yaml(path: Path, data: dict[str, Any]) -> Path:

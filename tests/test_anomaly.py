@@ -392,6 +392,7 @@ def test_thermal_runaway_end_to_end(tmp_path: Path, mosquitto: Any, prometheus: 
         SimulatorProcess,
         incident_budget,
         ingest_config,
+        metrics_url,
         program,
         relay_config,
         write_yaml,
@@ -419,7 +420,7 @@ def test_thermal_runaway_end_to_end(tmp_path: Path, mosquitto: Any, prometheus: 
     ingest_cfg = ingest_config(
         tmp_path, mqtt_port=mosquitto.port, remote_write_url=prometheus.remote_write_url
     )
-    metrics_url = f"http://{yaml.safe_load(relay_cfg.read_text())['metrics']['listen']}/metrics"
+    relay_metrics = metrics_url(relay_cfg)
     ingest = program("cloud-ingest", "cloud_ingest.cli", ingest_cfg, tmp_path).start()
     relay = program("edge-relay", "edge_relay.cli", relay_cfg, tmp_path, "--drain-seconds", "60").start()
     started = time.monotonic()
@@ -431,7 +432,7 @@ def test_thermal_runaway_end_to_end(tmp_path: Path, mosquitto: Any, prometheus: 
         last_metrics = ""
         while time.monotonic() < deadline:
             try:
-                text = requests.get(metrics_url, timeout=2).text
+                text = requests.get(relay_metrics, timeout=2).text
             except requests.RequestException:
                 text = ""
             wire = sum(

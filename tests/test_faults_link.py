@@ -25,7 +25,6 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.model import is_stale
@@ -40,7 +39,15 @@ from testkit.services import (
     VictoriaMetrics,
     wait_until,
 )
-from testkit.stack import EXPORTERS, Program, SimulatorProcess, ingest_config, program, relay_config
+from testkit.stack import (
+    EXPORTERS,
+    Program,
+    SimulatorProcess,
+    ingest_config,
+    metrics_url,
+    program,
+    relay_config,
+)
 
 NODE = "edge-gpu-01"
 CLUSTER = "test"
@@ -107,7 +114,7 @@ class FaultRun:
             node=NODE,
             **self.relay_options,
         )
-        self.metrics_url = f"http://{yaml.safe_load(relay_cfg.read_text())['metrics']['listen']}/metrics"
+        self.metrics_url = metrics_url(relay_cfg)
         ingest_cfg = ingest_config(
             self.tmp_path,
             mqtt_port=self.broker_port,

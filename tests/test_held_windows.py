@@ -25,7 +25,7 @@ from edge_relay.spool import Spool
 from schemas.model import Labels
 from testkit.exporters import ScriptedExporter
 from testkit.services import Mosquitto, wait_until
-from testkit.stack import Program, ledger_totals, program, relay_config
+from testkit.stack import Program, ledger_totals, metrics_url, program, relay_config
 
 INTERVAL_S = 5.0
 WINDOW_MS = 60_000
@@ -122,7 +122,7 @@ def test_a_killed_relay_records_its_open_windows(tmp_path: Path, mosquitto: Mosq
         cfg = relay_config(
             tmp_path, urls={"gpu": exporter.url}, mqtt_port=mosquitto.port, budget_file=str(budget_path)
         )
-        metrics_url = "http://" + yaml.safe_load(cfg.read_text())["metrics"]["listen"] + "/metrics"
+        relay_metrics = metrics_url(cfg)
 
         def relay_run() -> Program:
             return program("edge-relay", "edge_relay.cli", cfg, tmp_path).start()
@@ -140,7 +140,7 @@ def test_a_killed_relay_records_its_open_windows(tmp_path: Path, mosquitto: Mosq
 
         relay = relay_run()  # the next start records what the killed one held
         try:
-            assert wait_until(lambda: _up(metrics_url), 30), relay.log_tail()
+            assert wait_until(lambda: _up(relay_metrics), 30), relay.log_tail()
             assert relay.stop() == 0, relay.log_tail()
         finally:
             relay.kill()
@@ -150,7 +150,7 @@ def test_a_killed_relay_records_its_open_windows(tmp_path: Path, mosquitto: Mosq
 
         relay = relay_run()  # that run stopped cleanly: its windows were sent, nothing more recorded
         try:
-            assert wait_until(lambda: _up(metrics_url), 30), relay.log_tail()
+            assert wait_until(lambda: _up(relay_metrics), 30), relay.log_tail()
             assert relay.stop() == 0, relay.log_tail()
         finally:
             relay.kill()

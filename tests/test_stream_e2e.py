@@ -43,7 +43,6 @@ from typing import Any
 
 import pytest
 import requests
-import yaml
 
 from testkit.oracle import Served, compare, expected_samples, read_served_log
 from testkit.readings import MetricSample, read_metrics
@@ -56,6 +55,7 @@ from testkit.stack import (
     clean_environment,
     ingest_config,
     ledger_totals,
+    metrics_url,
     relay_config,
     spool_rows,
 )
@@ -119,10 +119,6 @@ def publish_probe_status(broker: Mosquitto) -> None:
     )
 
 
-def _listen_url(config: Path) -> str:
-    return f"http://{yaml.safe_load(config.read_text())['metrics']['listen']}/metrics"
-
-
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -177,7 +173,7 @@ class Stack:
             stream__keyframe_every=keyframe_every,
         )
         self.spool_path = self.relay_dir / "spool.db"
-        self.relay_url = _listen_url(self.relay_cfg)
+        self.relay_url = metrics_url(self.relay_cfg)
         self.relay: Program | None = None
         self.relay_ended: list[list[MetricSample]] = []
         self.ingesters: dict[str, Ingester] = {}
@@ -210,7 +206,7 @@ class Stack:
                     [sys.executable, "-m", "cloud_ingest.cli", "run", "--config", str(cfg)],
                     workdir / f"{name}.log",
                 ),
-                _listen_url(cfg),
+                metrics_url(cfg),
             )
         ing.program.start()
         self.wait_subscribed(ing)

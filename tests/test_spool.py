@@ -382,6 +382,30 @@ def test_corruption_found_at_run_time_recovers(spool_path: Path) -> None:
         assert "spool_file_corrupt" in spool.losses.totals()
 
 
+def test_a_run_time_recovery_keeps_the_incarnation_the_relay_stamps_its_batches_with(
+    spool_path: Path,
+) -> None:
+    """The relay reads the incarnation once, at its start, and stamps every batch with it. When the
+    whole file turns unreadable under it (nothing salvaged, the old identity unreadable on disk), the
+    fresh file keeps that incarnation: with a new one the relay would ignore every ack from then on,
+    and its spool would never drain."""
+    with Spool(spool_path) as spool:
+        stamped = spool.incarnation
+        noise = random.Random(7)
+        for _ in range(800):  # more than SQLite's page cache holds, so that the spool reads the file again
+            put(spool, noise.randbytes(5000))
+        spool.store.run("checkpoint", lambda c: c.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall())
+        spool_path.write_bytes(random.Random(7).randbytes(spool_path.stat().st_size))
+        spool.stats()
+        spool.batches.pending(100)
+        seq = put(spool)  # by now the corruption was met: recovered on a fresh file
+        assert spool.recovery is not None and spool.recovery.salvaged_rows == 0
+        assert spool.incarnation == stamped
+    with Spool(spool_path) as again:  # and the fresh file holds it: the next start reads the same
+        assert again.incarnation == stamped
+        assert [r.seq for r in again.batches.pending(10)] == [seq]
+
+
 def test_newer_schema_is_refused_not_moved(spool_path: Path) -> None:
     with Spool(spool_path):
         pass

@@ -177,17 +177,24 @@ def _meta_row_ok(r: tuple[object, ...]) -> bool:
     return isinstance(r[0], str) and type(r[1]) is int
 
 
-def carry_incarnation(src: sqlite3.Connection | None, dst: sqlite3.Connection, salvaged: int) -> int | None:
+def carry_incarnation(
+    src: sqlite3.Connection | None, dst: sqlite3.Connection, salvaged: int, known: int | None = None
+) -> int | None:
     """The fresh file keeps the corrupt file's incarnation: its salvaged rows carry it in their
-    payloads, so their acks must keep deleting them. If it cannot be read but rows were salvaged, the
-    incarnation is unknown (0: acks of any incarnation apply); with nothing salvaged the fresh file
-    keeps the new identity it drew."""
+    payloads, so their acks must keep deleting them. When the file cannot tell it, the incarnation
+    the running process read before (``known``) is kept: the relay stamps its batches with it, and a
+    fresh identity would make it ignore every ack of what it sends from now on. Seqs go on past every
+    old one, so keeping it never lets an old ack hit a new batch. Without either, and rows salvaged,
+    the incarnation is unknown (0: acks of any incarnation apply); with nothing salvaged the fresh
+    file draws an identity of its own."""
     old: object = None
     if src is not None:
         with contextlib.suppress(sqlite3.Error, TypeError):
             (old,) = src.execute("SELECT value FROM meta WHERE key = 'incarnation'").fetchone()
     if type(old) is int and old > 0:
         value = old
+    elif known is not None:
+        value = known
     elif salvaged:
         value = 0
     else:

@@ -276,7 +276,7 @@ class Store:
             try:
                 conn.execute("UPDATE meta SET value = max(value, ?) WHERE key = 'last_seq'", (next_seq - 1,))
                 salvaged = recovery.salvage(src, conn, self.path) if src else 0
-                self._incarnation = recovery.carry_incarnation(src, conn, salvaged)
+                self._incarnation = recovery.carry_incarnation(src, conn, salvaged, self._incarnation)
             except BaseException:
                 conn.close()
                 raise

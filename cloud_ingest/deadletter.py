@@ -1,10 +1,11 @@
 """Batches that can never be written, kept with the reason so an operator can inspect and replay them.
 
-Batches the receiver rejected are valid data and are all kept (they can be replayed once the cause is
-fixed). Payloads the ingester itself refused (undecodable or invalid: they would be refused again)
-are kept only for the first ``REFUSED_KEPT_PER_NODE_REASON`` of each node and reason, enough to
-diagnose; the rest are counted (``cloud_ingest_dead_letters_total``) but not stored, so a node that
-floods garbage cannot fill the store's volume.
+Batches the receiver rejected, and batches the ingester refused only for samples stamped too far in the
+future (a fast clock), are valid data and are all kept (they can be replayed once the cause is fixed or
+their time has come). Payloads the ingester itself refused for anything else (undecodable or invalid:
+they would be refused again) are kept only for the first ``REFUSED_KEPT_PER_NODE_REASON`` of each node
+and reason, enough to diagnose; the rest are counted (``cloud_ingest_dead_letters_total``) but not
+stored, so a node that floods garbage cannot fill the store's volume.
 
 The store is capped in bytes (``dead_letter.max_bytes``: pages in use, so rows that a replay deleted,
 even from another process, make room again). A letter that does not fit raises ``DeadLetterFull`` and

@@ -436,22 +436,30 @@ class Ingester:
 
     def _refuse(self, message: mqtt.MQTTMessage, payload: bytes, r: Refused) -> str:
         """A message the ingester will never write (invalid, hostile, all in the future)."""
-        self.metrics.refused.labels(r.reason).inc()
-        self.metrics.dead_letters.labels(r.reason).inc()
-        self._log_once(r.node, r.reason, f"refused batch on {message.topic}: {r}")
         # A v3 frame refused after decoding is kept as the v2 batch it decoded to (its samples may be
         # replayable later: future timestamps); one refused by the codec as it came (only diagnosable).
         letter = replayable(payload, r.batch, self.settings.limits) if r.batch is not None else payload
-        if letter is not None and self.dead_letters.keep_refused(r.node, r.reason):
+        # Samples only stamped ahead (a fast clock) are valid data, replayable once their time has
+        # come: kept like a receiver's refusal, every one of them, and held at the edge (no ack) when
+        # the store is full. Invalid payloads would be refused again: the first few of each node and
+        # reason are kept to diagnose, the rest counted, so a node flooding garbage cannot fill the store.
+        valid_data = r.reason == "future_timestamp" and r.batch is not None and letter is not None
+        if letter is not None and (valid_data or self.dead_letters.keep_refused(r.node, r.reason)):
             # The reason starts with its slug once (a DecodeError's text already does).
             text = str(r) if str(r).startswith(f"{r.reason}:") else f"{r.reason}: {r}"
             try:
                 self.dead_letters.put(message.topic, letter, text, cluster=r.cluster, node=r.node, seq=r.seq)
             except DeadLetterFull as e:
-                # Only counted: an invalid payload would be refused again, and the edge records
-                # the batch in its loss ledger when the "rejected" ack arrives.
                 self.metrics.dead_letter_overflow.labels(r.reason).inc()
                 self._log_full(e)
+                if valid_data:  # an ack would delete the last copy at the edge
+                    self.acker.release(message)
+                    self.metrics.messages.labels("dead_letter_full").inc()
+                    return "dead_letter_full"
+                # Else only counted: the edge records the batch in its ledger when "rejected" arrives.
+        self.metrics.refused.labels(r.reason).inc()
+        self.metrics.dead_letters.labels(r.reason).inc()
+        self._log_once(r.node, r.reason, f"refused batch on {message.topic}: {r}")
         if r.cluster is not None and r.node is not None:
             self.fleet.observe_dead_letter(
                 r.cluster, r.node, seq=r.seq, refused=True, incarnation=r.incarnation

@@ -1064,3 +1064,53 @@ def test_a_flooding_node_cannot_grow_the_dead_letter_store_without_bound(tmp_pat
     finally:
         ingester.dead_letters.close()
         ingester.writer.close()
+
+
+def test_batches_all_in_the_future_are_kept_every_one_and_held_when_the_store_is_full(tmp_path: Path) -> None:
+    """A relay whose clock runs hours fast: every sample of its batches is beyond ``max_future_seconds``.
+    They are valid data (replayable once their time has come), not garbage: every batch is
+    dead-lettered, beyond the few kept of an invalid payload's kind; once the store is full, a batch
+    is not acknowledged (the edge keeps its copy) rather than acked ``rejected`` into nothing."""
+    config = tmp_path / "ingest.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "remote_write": {"url": "http://127.0.0.1:9/api/v1/write"},
+                "dead_letter": {"path": str(tmp_path / "dead.db"), "max_bytes": 256 * 1024},
+                "metrics": {"listen": ""},
+            }
+        )
+    )
+    ingester = Ingester(settings_mod.load(str(config)))  # not started: handle() is what a worker runs
+    ahead_ms = now_ms() + 3 * 3_600_000
+    topic = topics.batch_topic(PREFIX, INGEST_CLUSTER, "fast-clock").encode()
+
+    def message(seq: int, blob_bytes: int = 0) -> mqtt.MQTTMessage:
+        m = mqtt.MQTTMessage(mid=seq, topic=topic)
+        m.qos = 1
+        batch = make_batch("fast-clock", seq, ahead_ms, cluster=INGEST_CLUSTER, blob_bytes=blob_bytes)
+        m.payload = codec.encode_batch(batch, version=codec.FORMAT_V2)
+        return m
+
+    acked: list[int] = []
+    released: list[int] = []
+    ingester.acker.ack = lambda msg, **kw: acked.append(kw["seq"])  # type: ignore[method-assign]
+    ingester.acker.release = lambda msg: released.append(msg.mid)  # type: ignore[method-assign]
+    try:
+        many = 2 * REFUSED_KEPT_PER_NODE_REASON + 5
+        assert [ingester.handle(message(seq)) for seq in range(1, many + 1)] == ["refused"] * many
+        kept = ingester.dead_letters.list(limit=10 * many)
+        assert sorted(d.seq for d in kept) == list(range(1, many + 1))
+        assert all(d.reason.startswith("future_timestamp: ") for d in kept)
+        assert acked == list(range(1, many + 1)) and released == []
+        # The store full (incompressible labels fill it): held, not acked.
+        outcomes = [ingester.handle(message(seq, blob_bytes=1000)) for seq in range(many + 1, many + 80)]
+        assert "dead_letter_full" in outcomes
+        full = [many + 1 + i for i, o in enumerate(outcomes) if o == "dead_letter_full"]
+        assert released == full and not set(full) & set(acked)
+        assert sample(ingester, "cloud_ingest_dead_letter_overflow_total", reason="future_timestamp") == len(
+            full
+        )
+    finally:
+        ingester.dead_letters.close()
+        ingester.writer.close()

@@ -42,9 +42,14 @@ from schemas.model import STALE_NAN, Labels
 ParsedSample = tuple[Labels, float, int | None]
 _LABELS, _VALUE, _TIMESTAMP = itemgetter(0), itemgetter(1), itemgetter(2)
 # What ``decorate`` returns for a series metric relabeling dropped (Prometheus too signals "drop" with an
-# empty label set), and for one it left without ``__name__``: Prometheus fails the whole scrape then.
+# empty label set). A series relabeling left without ``__name__``, or with a metric or label name that
+# is not valid, fails the whole scrape, as in Prometheus (its scrape loop checks ``lset.IsValid()``):
+# ``decorate`` returns a marker whose one pair has the empty name (no real label set has it) and the
+# failure's text as its value.
 RELABEL_DROPPED: Labels = ()
-NAMELESS: Labels = (("", ""),)
+NAMELESS: Labels = (("", "metric relabeling left a series without __name__"),)
+# The codec's refusals that are relabeling's fault (an exposed name the parser already checked).
+_NAME_ERRORS = frozenset({"invalid_label_name", "invalid_metric_name"})
 # Scrapes per generation of ``TargetShaper``'s decoration cache (as ``parse.SeriesCache``'s bodies).
 DECORATE_GENERATION = 16
 
@@ -146,7 +151,13 @@ class TargetShaper:
                 result.setdefault(name, value)
             decorated = tuple(sorted(result.items()))
             # Checked once per series (the result is cached): the codec's own rules, limits among them.
-            if self._checker.labels_error(decorated) is not None:
+            error = self._checker.labels_error(decorated)
+            if error in _NAME_ERRORS and self.metric_relabel:
+                made = dict(decorated)
+                decorated = (
+                    ("", f"metric relabeling made an invalid metric or label name ({error}: {made})"),
+                )
+            elif error is not None:
                 decorated = None
         if len(self._decorated) + len(self._decorated_old) > 4 * max(len(self._previous), 50_000):
             self._decorated.clear()  # a hard bound within one generation (exploding cardinality)
@@ -220,9 +231,9 @@ class TargetShaper:
                 out.relabel_dropped += 1
                 skipped.append(position)
                 continue
-            if final is NAMELESS:
+            if not final[0][0]:  # relabeling made the series unusable: the scrape fails
                 failed = self.shape(timestamp_ms, None, duration_s)
-                failed.relabel_error = f"metric relabeling left a series without __name__: {labels}"
+                failed.relabel_error = f"{final[0][1]}: {labels}"
                 return failed
             if final in seen:
                 out.duplicates += 1

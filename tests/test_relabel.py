@@ -26,6 +26,7 @@ from edge_relay.relay import TargetLoop
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.shape import TargetShaper
 from relay_common.config import ConfigError
+from schemas.codec import Limits
 from schemas.model import Labels
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -567,3 +568,35 @@ def test_apply_is_in_place_and_reports_drops() -> None:
     labels = {"a": "1"}
     assert apply(rules({"target_label": "b", "replacement": "2"}), labels) and labels == {"a": "1", "b": "2"}
     assert not apply(rules({"action": "drop", "source_labels": ["a"], "regex": "1"}), labels)
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"action": "labelmap", "regex": "x_(.*)", "replacement": "$1"},  # makes the label name "1"
+        {"source_labels": ["__name__"], "target_label": "__name__", "replacement": "m-x"},
+    ],
+)
+def test_a_relabeled_name_that_is_not_valid_fails_the_scrape_as_in_prometheus(
+    rule: dict[str, object],
+) -> None:
+    """Prometheus' scrape loop fails the whole scrape for a series whose label set relabeling made
+    invalid (``lset.IsValid()``), as for one left without a name; it does not drop that series alone."""
+    sh = TargetShaper("t", {"job": "j"}, {}, metric_relabel=rules(rule))
+    out = sh.shape(1000, [(L("m", x_1="v"), 1.0, None), (L("other"), 2.0, None)], 0.1)
+    assert "metric relabeling made an invalid" in out.relabel_error
+    values = dict(zip(out.labels, out.values, strict=True))
+    assert values[sh._up] == 0.0
+    assert out.over_label_limits == 0 and len(out) == 3  # only the synthetic series
+
+
+def test_a_series_over_the_label_limits_after_relabeling_still_costs_only_itself() -> None:
+    sh = TargetShaper(
+        "t",
+        {"job": "j"},
+        {},
+        limits=Limits(max_label_value_bytes=8),
+        metric_relabel=rules({"source_labels": ["a"], "target_label": "b", "replacement": "${1}${1}${1}"}),
+    )
+    out = sh.shape(1000, [(L("m", a="12345"), 1.0, None), (L("n", a="1"), 2.0, None)], 0.1)
+    assert not out.relabel_error and out.over_label_limits == 1

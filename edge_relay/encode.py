@@ -14,6 +14,7 @@ in the spool's staging table in the cheap ``stage`` form below (msgpack + zstd l
 from __future__ import annotations
 
 from array import array
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -139,21 +140,28 @@ def decode_stage(payload: bytes) -> list[ShapedScrape]:
     return out
 
 
-def dedupe_window(scrapes: Sequence[ShapedScrape]) -> tuple[list[ShapedScrape], int]:
+def dedupe_window(scrapes: Sequence[ShapedScrape]) -> tuple[list[ShapedScrape], Counter[str]]:
     """``scrapes`` without a second sample of a series at the same timestamp (the first one stays);
-    returns them and how many were dropped. Only explicit exporter timestamps can collide, so windows
-    without any pass through untouched."""
-    if all(s.timestamps is None for s in scrapes):
-        return list(scrapes), 0
+    returns them and how many were dropped, by target. A target's own scrape never holds a series twice (the
+    shaper sees to it), so only explicit exporter timestamps, or two scrapes stamped in the same
+    millisecond with label sets in common (two targets whose labels coincide), can collide: anything
+    else passes through untouched, without a look at its samples."""
+    explicit = any(s.timestamps is not None for s in scrapes)
+    starts = Counter(s.timestamp_ms for s in scrapes)
+    if not explicit and len(starts) == len(scrapes):
+        return list(scrapes), Counter()
     seen: set[tuple[Labels, int]] = set()
     out: list[ShapedScrape] = []
-    dropped = 0
+    dropped: Counter[str] = Counter()
     for s in scrapes:
+        if not explicit and starts[s.timestamp_ms] == 1:
+            out.append(s)  # no other scrape has its timestamp: none of its samples can collide
+            continue
         keep: list[int] = []
         for i, labels in enumerate(s.labels):
             key = (labels, s.timestamp_ms if s.timestamps is None else s.timestamps[i])
             if key in seen:
-                dropped += 1
+                dropped[s.target] += 1
             else:
                 seen.add(key)
                 keep.append(i)

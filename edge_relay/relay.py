@@ -37,7 +37,7 @@ from edge_relay.backfill import Backfiller, CommandInbox
 from edge_relay.budget.model import PRESET_COUNTERS
 from edge_relay.budget.pacer import Pacer
 from edge_relay.budget.runtime import BudgetRuntime
-from edge_relay.encode import BatchEncoder
+from edge_relay.encode import BatchEncoder, dedupe_window
 from edge_relay.held import HeldWindows
 from edge_relay.ledger import LossLedger, LossReason
 from edge_relay.parse import ParseDeadlineExceeded, ParseError, SampleLimitExceeded, SeriesCache, parse
@@ -308,7 +308,13 @@ class Relay:
         spooled and, when they are all of ``shaped``, the payloads."""
         spooled, payloads = 0, []
         version = self._live_version()
-        for batch in self._build(shaped, version):
+        # Two targets whose labels coincide, scraped in the same millisecond: Prometheus keeps one
+        # sample per series and timestamp; v1 would carry both, and the receiver would keep either.
+        unique, duplicates = dedupe_window(shaped)
+        for target, samples in sorted(duplicates.items()):
+            ts = min(s.timestamp_ms for s in shaped if s.target == target)
+            self.ledger.record(LossReason.DUPLICATE_SAMPLE, f'{{job="{target}"}}', ts, ts, samples)
+        for batch in self._build(unique, version):
             payload = self.sink.append(batch, version)
             if payload is not None:
                 spooled += batch.sample_count

@@ -132,7 +132,10 @@ class BatchWindow:
             # Explicit exporter timestamps that did not advance between scrapes: Prometheus would keep
             # only one sample per series and timestamp too.
             first, last = self._scrapes[0].timestamp_ms, self._scrapes[-1].timestamp_ms
-            losses.append(LossRecord(LossReason.DUPLICATE_SAMPLE, "{}", first, last, duplicates))
+            for target, samples in sorted(duplicates.items()):
+                losses.append(
+                    LossRecord(LossReason.DUPLICATE_SAMPLE, f'{{job="{target}"}}', first, last, samples)
+                )
         packed = self._sink.promote(self._ids, self._encode(window, losses))
         if packed is None:
             return 0  # the cycles stay staged; the next cycle packs them again (and counts losses then)

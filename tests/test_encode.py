@@ -349,12 +349,12 @@ def test_dedupe_window_keeps_the_first_sample_per_series_and_timestamp() -> None
     b.timestamps = list(a.timestamps)  # the exporter's timestamps did not advance
     b.timestamps[2] += 1
     out, dropped = dedupe_window([a, b])
-    assert dropped == 2
+    assert dropped == {"kepler": 2}
     assert samples_of(out) == samples_of([a]) + Counter(
         {(b.labels[2], float_bits(b.values[2]), b.timestamps[2]): 1}
     )
     plain = [scrape("kepler", 3, 1000), scrape("kepler", 3, 2000)]
-    assert dedupe_window(plain) == (plain, 0)
+    assert dedupe_window(plain) == (plain, {})
 
 
 @pytest.mark.parametrize("version", [codec.FORMAT_V1, codec.FORMAT_V2])
@@ -425,3 +425,22 @@ def test_the_label_table_travels_with_its_batch() -> None:
     assert first.distinct_labelsets() is None
     second.labelsets = list(second.labelsets)
     assert second.distinct_labelsets() is None
+
+
+def test_two_scrapes_stamped_in_the_same_millisecond_keep_one_sample_per_series() -> None:
+    """Two targets whose labels coincide (relabeling, or the same job and instance), scraped in the same
+    millisecond: the same series twice at one timestamp. Prometheus keeps one; v1 would carry both and
+    the receiver keep either. The first stays, the second is counted for its target; series of their own
+    and scrapes of other timestamps pass untouched."""
+    shared: Labels = (("__name__", "m"), ("job", "j"))
+    a = ShapedScrape("a", 1000, [shared, (("__name__", "only_a"),)], array("d", [1.0, 2.0]))
+    b = ShapedScrape("b", 1000, [shared, (("__name__", "only_b"),)], array("d", [3.0, 4.0]))
+    c = ShapedScrape("c", 1001, [shared], array("d", [5.0]))
+    out, dropped = dedupe_window([a, b, c])
+    assert dropped == {"b": 1}
+    assert [(s.target, s.labels, list(s.values)) for s in out] == [
+        ("a", a.labels, [1.0, 2.0]),
+        ("b", [(("__name__", "only_b"),)], [4.0]),
+        ("c", [shared], [5.0]),
+    ]
+    assert out[0] is a and out[2] is c

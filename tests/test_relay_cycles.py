@@ -134,6 +134,26 @@ def test_a_cycle_the_codec_refuses_goes_scrape_by_scrape(tmp_path: Path, exporte
         close(relay)
 
 
+def test_two_targets_with_the_same_series_in_one_millisecond_keep_one_sample(
+    tmp_path: Path, exporters: ScriptedExporter
+) -> None:
+    """The live lane: a series two targets share at one timestamp is spooled once (the first), the
+    other sample is in the ledger as duplicate_sample for its target, not handed to the receiver."""
+    relay = open_relay(write_config(tmp_path, exporters, budget=None, names=("good",)))
+    try:
+        ts = 1_700_000_000_000
+        shared: Labels = (("__name__", "m"), ("job", "same"))
+        a = ShapedScrape("a", ts, [shared, (("__name__", "a_only"), ("job", "same"))], array("d", [1.0, 2.0]))
+        b = ShapedScrape("b", ts, [shared], array("d", [3.0]))
+        assert relay._spool([a, b])[0] == 2
+        assert spooled(relay) == {shared: [(ts, 1.0)], a.labels[1]: [(ts, 2.0)]}
+        assert relay.ledger.totals() == {"duplicate_sample": 1}
+        (entry,) = relay.spool.losses.entries()
+        assert entry.series == '{job="b"}'
+    finally:
+        close(relay)
+
+
 # --------------------------------------------------------------------------------------------------
 # Item 6: what a stateful budget class drops is in the ledger
 

@@ -29,8 +29,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
 from edge_relay.encode import WIDEST_SEQ, BatchEncoder
+from edge_relay.linear_regex import LinearRegex
 from edge_relay.recorder import FlightRecorder, Readout
-from edge_relay.relabel import LABEL_NAME, RelabelError, compile_regex
+from edge_relay.relabel import LABEL_NAME, RelabelError
 from edge_relay.retention import subset_batch
 from schemas.codec.command import (
     MAX_SELECTOR_CHARS,
@@ -68,11 +69,12 @@ class Matcher:
     name: str
     op: str
     value: str
-    regex: re.Pattern[str] | None = None
+    # Not ``re``: the pattern comes from the cloud, and a backtracking one would stall the scrape cycle.
+    regex: LinearRegex | None = None
 
     def matches(self, value: str) -> bool:
         if self.regex is not None:
-            hit = self.regex.fullmatch(value) is not None
+            hit = self.regex.fullmatch(value)
             return hit if self.op == "=~" else not hit
         return (value == self.value) == (self.op == "=")
 
@@ -123,7 +125,7 @@ def parse_selector(text: str) -> Selector:
             regex = None
             if op in ("=~", "!~"):
                 try:
-                    regex = compile_regex(value)
+                    regex = LinearRegex(value)
                 except RelabelError as e:
                     raise p.fail(f"label {label}: {e.why}") from None
             matchers.append(Matcher(label, op, value, regex))
@@ -308,6 +310,7 @@ class Backfiller:
         *,
         step_seconds: float,
         max_samples: int = MAX_SAMPLES,
+        spool_max_age_ms: int = 0,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self._inbox = inbox
@@ -317,6 +320,7 @@ class Backfiller:
         self._metrics = metrics
         self.step_seconds = step_seconds
         self.max_samples = max_samples
+        self.spool_max_age_ms = spool_max_age_ms
         self._clock_ms = clock_ms
         self._job: _Job | None = None
 
@@ -376,8 +380,19 @@ class Backfiller:
         if why is not None:
             self._inbox.answer(self._inbox.refusal(req.id, why, req), "refused", finished=True)
             return None
-        readout = self._recorder.read(req.from_ms, req.to_ms, match)
-        missing = [MissingRange(g.start_ms, g.end_ms, g.reason) for g in readout.missing]
+        from_ms, missing = req.from_ms, []
+        if self.spool_max_age_ms:
+            # Spooled now, samples older than spool.max_age_seconds would be evicted at once (and
+            # ledgered as lost): out of the recorder's reach too, with a tenth of the age left to send.
+            horizon = now - self.spool_max_age_ms * 9 // 10
+            if from_ms < horizon:
+                missing.append(MissingRange(from_ms, min(horizon, req.to_ms + 1) - 1, "older_than_recorder"))
+                from_ms = horizon
+        if from_ms > req.to_ms:  # all of it too old: nothing to read
+            readout = Readout(req.from_ms, req.to_ms, None, [], iter(()))
+        else:
+            readout = self._recorder.read(from_ms, req.to_ms, match)
+        missing += [MissingRange(g.start_ms, g.end_ms, g.reason) for g in readout.missing]
         log.info("backfill %s: %d..%d %s", req.id, req.from_ms, req.to_ms, req.match or "(all series)")
         return _Job(req, readout, missing, series=set())
 

@@ -241,6 +241,7 @@ class Relay:
             self.encoder,
             self.metrics,
             step_seconds=s.interval_seconds / 4,
+            spool_max_age_ms=int(s.spool_max_age_seconds * 1000),
         )
         self.uplink = Uplink(
             s.mqtt,

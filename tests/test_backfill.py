@@ -260,7 +260,9 @@ class _Sink:
         return b"x"  # the payload spooled
 
 
-def _backfiller(tmp_path: Path, max_samples: int = 10_000) -> tuple[Backfiller, CommandInbox, _Sink, int]:
+def _backfiller(
+    tmp_path: Path, max_samples: int = 10_000, spool_max_age_ms: int = 0
+) -> tuple[Backfiller, CommandInbox, _Sink, int]:
     from edge_relay.spool import Spool
 
     spool = Spool(str(tmp_path / "spool.db"))
@@ -289,6 +291,7 @@ def _backfiller(tmp_path: Path, max_samples: int = 10_000) -> tuple[Backfiller, 
         metrics,
         step_seconds=0.05,
         max_samples=max_samples,
+        spool_max_age_ms=spool_max_age_ms,
         clock_ms=lambda: NOW + 20_000,
     )  # type: ignore[arg-type]
     return bf, inbox, sink, NOW
@@ -324,6 +327,29 @@ def test_backfiller_supplies_the_matched_range_and_reports_the_rest(tmp_path: Pa
         pass
     (r3,) = [decode_result(p) for p in inbox.outgoing()]
     assert r3.result == "done" and r3.samples == 4 and r3.series == 2
+
+
+def test_samples_the_spool_would_evict_at_once_are_reported_not_spooled(tmp_path: Path) -> None:
+    """Backfilled rows carry their old timestamps: older than spool.max_age_seconds, retention would
+    evict them in the same cycle and ledger them as lost. The part of the range within a tenth of that
+    age of it is reported as out of reach instead, and the rest supplied."""
+    bf, inbox, sink, t0 = _backfiller(tmp_path, spool_max_age_ms=10_000)  # "now" is t0 + 20 s
+    horizon = t0 + 20_000 - 9_000
+    inbox.submit(_req(from_ms=t0, to_ms=t0 + 19_000, ts_ms=t0 + 19_000, match='{gpu="0"}'))
+    inbox.submit(_req(id="r2", from_ms=t0, to_ms=t0 + 5_000, ts_ms=t0 + 19_000))
+    while bf.step() or bf.busy:
+        pass
+    done = decode_result(inbox.outgoing()[-1])
+    assert done.result == "done" and done.missing == (MissingRange(t0, horizon - 1, "older_than_recorder"),)
+    stamps = sorted(blk.timestamp_ms for b in sink.batches for blk in b.scrapes)  # type: ignore[attr-defined]
+    assert stamps == list(range(horizon, t0 + 20_000, 1000))
+    sink.batches.clear()
+    inbox.submit(_req(id="r3", from_ms=t0, to_ms=t0 + 5_000, ts_ms=t0 + 19_000))
+    while bf.step() or bf.busy:
+        pass
+    (all_old,) = [decode_result(p) for p in inbox.outgoing()]
+    assert all_old.result == "done" and all_old.samples == 0 and not sink.batches
+    assert all_old.missing == (MissingRange(t0, t0 + 5_000, "older_than_recorder"),)
 
 
 def test_backfiller_caps_samples_and_refuses_bad_requests(tmp_path: Path) -> None:

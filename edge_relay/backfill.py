@@ -344,6 +344,15 @@ class Backfiller:
             while not job.done and (spooled == 0 or time.monotonic() < deadline):
                 batch = next(job.readout, None)
                 if batch is None:
+                    lost = job.readout.lost()
+                    if lost:
+                        log.warning(
+                            "backfill %s: %d recorder block(s) in its range went while it was read (room for "
+                            "the backlog, a bad checksum): reported as not_recorded",
+                            job.req.id,
+                            len(lost),
+                        )
+                    job.missing += [MissingRange(g.start_ms, g.end_ms, g.reason) for g in lost]
                     job.done = True
                     break
                 spooled += self._spool(job, batch)

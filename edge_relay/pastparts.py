@@ -65,9 +65,13 @@ class PastParts:
                 job.event.missing = "; ".join(
                     f"{g.reason} {g.start_ms}..{g.end_ms}" for g in getattr(readout, "missing", ())
                 )
-                job.batches = iter(readout)
+                job.batches = readout
             batch = next(job.batches, None)
             if batch is None:
+                lost = getattr(job.batches, "lost", list)()
+                if lost:  # blocks that went while the part was sent (room for the backlog)
+                    gone = "; ".join(f"{g.reason} {g.start_ms}..{g.end_ms}" for g in lost)
+                    job.event.missing = f"{job.event.missing}; {gone}" if job.event.missing else gone
                 self._jobs.popleft()
                 continue
             payload = self._sink.append(batch)

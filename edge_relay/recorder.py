@@ -90,7 +90,9 @@ class Gap:
 class Readout(Iterator[Batch]):
     """What ``FlightRecorder.read`` returns: an iterator of batches at full resolution (one per stored
     block that holds samples in the range, oldest first), plus what it could not supply (``missing``,
-    known before iterating: from the blocks held when ``read`` was called)."""
+    known before iterating: from the blocks held when ``read`` was called). Blocks held then but gone
+    by the time the iteration reached them (given up for a batch's room, deleted for a bad checksum,
+    undecodable) are in ``lost()`` once the iteration has ended: a paced reader takes minutes."""
 
     def __init__(
         self,
@@ -99,12 +101,26 @@ class Readout(Iterator[Batch]):
         span: tuple[int, int] | None,
         missing: Sequence[Gap],
         batches: Iterator[Batch],
+        expected: dict[int, tuple[int, int]] | None = None,
+        delivered: set[int] | None = None,
     ) -> None:
         self.start_ms = start_ms
         self.end_ms = end_ms
         self.span = span
         self.missing = tuple(missing)
         self._batches = batches
+        self._expected = expected or {}
+        self._delivered = delivered if delivered is not None else set()
+
+    def lost(self) -> list[Gap]:
+        """The ranges of the blocks that were held at ``read`` and not read (``not_recorded``: their
+        samples are not in the recorder any more), clipped to the range, oldest first."""
+        out = [
+            Gap(max(first, self.start_ms), min(last, self.end_ms), "not_recorded")
+            for block_id, (first, last) in self._expected.items()
+            if block_id not in self._delivered
+        ]
+        return sorted(out, key=lambda g: (g.start_ms, g.end_ms))
 
     @property
     def complete(self) -> bool:
@@ -311,9 +327,14 @@ class FlightRecorder:
             missing = [Gap(start_ms, end_ms, "disabled")]
         else:
             missing = gaps(spans, start_ms, end_ms, 2 * self.interval_ms)
-        return Readout(start_ms, end_ms, span, missing, self._batches(start_ms, end_ms, match))
+        expected = self._table.block_spans(start_ms, end_ms)
+        delivered: set[int] = set()
+        batches = self._batches(start_ms, end_ms, match, delivered)
+        return Readout(start_ms, end_ms, span, missing, batches, expected, delivered)
 
-    def _batches(self, start_ms: int, end_ms: int, match: Match | None) -> Iterator[Batch]:
+    def _batches(
+        self, start_ms: int, end_ms: int, match: Match | None, delivered: set[int]
+    ) -> Iterator[Batch]:
         after = 0
         while True:
             blocks = self._table.blocks(start_ms, end_ms, after_id=after, limit=_READ_CHUNK)
@@ -326,6 +347,7 @@ class FlightRecorder:
                 except (ValueError, codec.DecodeError) as e:
                     self._failed("read", f"cannot decode recorder block {block.id}: {e}")
                     continue
+                delivered.add(block.id)
                 selected = select(batch, start_ms, end_ms, match)
                 if selected is not None:
                     yield selected

@@ -261,7 +261,7 @@ class _Sink:
 
 
 def _backfiller(
-    tmp_path: Path, max_samples: int = 10_000, spool_max_age_ms: int = 0
+    tmp_path: Path, max_samples: int = 10_000, spool_max_age_ms: int = 0, scrapes: int = 20
 ) -> tuple[Backfiller, CommandInbox, _Sink, int]:
     from edge_relay.spool import Spool
 
@@ -277,7 +277,7 @@ def _backfiller(
         block_ms=4000,
         clock_ms=lambda: clock[0],
     )
-    for i in range(20):
+    for i in range(scrapes):
         rec.record([_scrape(NOW + i * 1000, i)])
     metrics = RelayMetrics()
     inbox = CommandInbox("test", NODE, metrics)
@@ -292,7 +292,7 @@ def _backfiller(
         step_seconds=0.05,
         max_samples=max_samples,
         spool_max_age_ms=spool_max_age_ms,
-        clock_ms=lambda: NOW + 20_000,
+        clock_ms=lambda: NOW + max(20, scrapes) * 1000,
     )  # type: ignore[arg-type]
     return bf, inbox, sink, NOW
 
@@ -350,6 +350,36 @@ def test_samples_the_spool_would_evict_at_once_are_reported_not_spooled(tmp_path
     (all_old,) = [decode_result(p) for p in inbox.outgoing()]
     assert all_old.result == "done" and all_old.samples == 0 and not sink.batches
     assert all_old.missing == (MissingRange(t0, t0 + 5_000, "older_than_recorder"),)
+
+
+@pytest.mark.parametrize("fault", ["bad_checksum", "evicted"])
+def test_blocks_that_go_while_a_request_is_read_are_reported(tmp_path: Path, fault: str) -> None:
+    """What was recorded when the request came but is gone when the reader reaches it (a block whose
+    checksum fails is deleted; the backlog takes a block's room while a paced request runs) is in the
+    result's missing ranges, not silently left out of a request reported complete."""
+    import sqlite3
+
+    bf, inbox, sink, t0 = _backfiller(tmp_path, scrapes=60)  # 15 blocks: two chunks of the reader
+    db = sqlite3.connect(tmp_path / "spool.db", isolation_level=None)
+    blocks = db.execute("SELECT id, first_ts_ms, last_ts_ms FROM recorder ORDER BY id").fetchall()
+    assert len(blocks) > 8
+    victim, first, last = blocks[-1]
+    inbox.submit(_req(from_ms=t0, to_ms=t0 + 59_000, ts_ms=t0 + 59_000))
+    bf.max_samples = 10_000
+    bf.step_seconds = 0.0  # one batch a step: the request is read while the spool changes
+    bf.step()
+    if fault == "bad_checksum":
+        db.execute("UPDATE recorder SET checksum = checksum + 1 WHERE id = ?", (victim,))
+    else:
+        db.execute("DELETE FROM recorder WHERE id = ?", (victim,))
+    db.close()
+    while bf.step() or bf.busy:
+        pass
+    (done,) = [decode_result(p) for p in inbox.outgoing()]
+    got = sorted(blk.timestamp_ms for b in sink.batches for blk in b.scrapes)  # type: ignore[attr-defined]
+    assert not any(first <= ts <= last for ts in got)
+    assert MissingRange(first, min(last, t0 + 59_000), "not_recorded") in done.missing
+    assert done.samples == 4 * len(got)
 
 
 def test_backfiller_caps_samples_and_refuses_bad_requests(tmp_path: Path) -> None:

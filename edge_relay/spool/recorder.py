@@ -175,6 +175,20 @@ class RecorderTable:
             ],
         )
 
+    def block_spans(self, start_ms: int, end_ms: int) -> dict[int, tuple[int, int]]:
+        """id -> (first_ts_ms, last_ts_ms) of the blocks with samples that may lie in [start_ms, end_ms]."""
+        return self._store.run(
+            "recorder_block_spans",
+            lambda conn: {
+                int(i): (int(a), int(b))
+                for i, a, b in conn.execute(
+                    "SELECT id, first_ts_ms, last_ts_ms FROM recorder"
+                    " WHERE last_ts_ms >= ? AND first_ts_ms <= ?",
+                    (start_ms, end_ms),
+                ).fetchall()
+            },
+        )
+
     def existing(self, ids: Sequence[int]) -> list[int]:
         """Those of ``ids`` still stored."""
 

@@ -72,6 +72,10 @@ class AnomalyConfig:
     post_seconds: float = 300.0
     reserved_share: float = 0.2
     max_windows: int = 4
+    # A window a steady condition keeps extending (a GPU that simply holds most of its memory) closes
+    # after this long and stays closed while the condition lasts: it must not hold a max_windows slot,
+    # and the raw samples it costs, for ever.
+    max_window_seconds: float = 1800.0
     thresholds: Mapping[str, Thresholds] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
     node: NodeConfig = field(default_factory=NodeConfig)  # the node's own detector (anomaly.node)
 
@@ -120,6 +124,7 @@ def parse_config(
         post_seconds=post,
         reserved_share=share,
         max_windows=int(raw.get("max_windows", 4)),
+        max_window_seconds=float(raw.get("max_window_seconds", 1800)),
         thresholds=thresholds,
         node=parse_node_config(raw.get("node"), lambda key, message: _error(source, key, message)),
     )
@@ -168,7 +173,10 @@ class _Gpu:
         self.score = 0.0
         self.series: set[Labels] = set()
         self.window_end_ms = 0  # full resolution until then (0: no window)
-        self.quiet_until_ms = 0  # an event refused for max_windows: no new one while it keeps firing
+        self.window_start_ms = 0  # the scrape that opened it
+        # An event refused for max_windows, or a window closed at max_window_seconds: no new one while
+        # it keeps firing.
+        self.quiet_until_ms = 0
 
     def evaluate(
         self, ts: int, x: dict[str, float], fired: list[tuple[str, str]], cfg: AnomalyConfig
@@ -426,7 +434,19 @@ class Detector:
         # From the scrape that showed it (its samples' timestamp), so the window is exact in the data.
         end = ts + round(cfg.post_seconds * 1000)
         if g.window_end_ms > now_ms:
-            g.window_end_ms = end
+            if end - g.window_start_ms <= cfg.max_window_seconds * 1000:
+                g.window_end_ms = end
+            else:
+                # At its longest: it closes at its end as it stands, and no new one opens while this
+                # keeps firing (every detection moves the quiet period on).
+                if g.quiet_until_ms < g.window_end_ms:
+                    log.warning(
+                        "anomaly window on %s open for %.0fs and still firing: it closes at its end, no "
+                        "new window while it lasts (anomaly.max_window_seconds)",
+                        g.key,
+                        (ts - g.window_start_ms) / 1000,
+                    )
+                g.quiet_until_ms = end
             return None
         if g.quiet_until_ms > now_ms:
             g.quiet_until_ms = end  # refused earlier and still firing: the same event, not a new one
@@ -440,6 +460,7 @@ class Detector:
             g.quiet_until_ms = end
         else:
             g.window_end_ms = end
+            g.window_start_ms = ts
             ev = Event(g.key, kind, rule, ts, g.score, end)
         self.events_total += 1
         self.last_event = ev

@@ -135,6 +135,7 @@ class NodeState:
         self.cfg = cfg
         self.series: set[Labels] = set()
         self.window_end_ms = 0
+        self.window_start_ms = 0
         self.quiet_until_ms = 0
         self.score = 0.0
         self.ewma = Ewma(NODE_SIGNALS, NODE_FLOORS)

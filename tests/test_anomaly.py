@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import time
+from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -105,6 +106,45 @@ def test_max_windows_bounds_the_windows_not_the_events() -> None:
     assert [(e.gpu, e.opened) for _, e in events] == [("dcgm:0", True), ("dcgm:1", False)]
 
 
+def test_a_steady_condition_closes_its_window_at_the_longest_and_frees_the_slot() -> None:
+    """Four GPUs simply holding 97.5 % of their memory fire the memory rule every scrape. Their windows
+    close at max_window_seconds and stay closed while it lasts, so an XID on another GPU two hours later
+    still opens a window (before, all four held the max_windows slots for ever)."""
+    interval_ms = 5000
+
+    def labels(name: str, gpu: int) -> Labels:
+        return tuple(sorted({"__name__": name, "gpu": str(gpu), "job": "dcgm", "instance": "x"}.items()))
+
+    def cycle(tick: int, xid_gpu: int | None) -> list[ShapedScrape]:
+        names: list[Labels] = []
+        values = array("d")
+        for g in range(8):
+            used = 78_000.0 if g < 4 else 20_000.0
+            for name, v in (
+                ("DCGM_FI_DEV_GPU_TEMP", 60.0 + (tick % 3) * 0.1),
+                ("DCGM_FI_DEV_POWER_USAGE", 200.0),
+                ("DCGM_FI_DEV_FB_USED", used),
+                ("DCGM_FI_DEV_FB_FREE", 80_000.0 - used),
+                ("DCGM_FI_DEV_XID_ERRORS", 79.0 if g == xid_gpu else 0.0),
+            ):
+                names.append(labels(name, g))
+                values.append(v)
+        return [ShapedScrape("dcgm", T0 + tick * interval_ms, names, values)]
+
+    cfg = AnomalyConfig(score="none", max_window_seconds=600)
+    det = Detector(cfg, interval_ms / 1000)
+    ticks = 2 * 3600 * 1000 // interval_ms
+    events = []
+    for t in range(ticks):
+        events += det.observe(cycle(t, 5 if t >= ticks - 5 else None), T0 + t * interval_ms)
+    now = T0 + (ticks - 1) * interval_ms
+    steady = [e for e in events if e.gpu in {f"dcgm:{g}" for g in range(4)}]
+    assert len(steady) == 4 and all(e.opened for e in steady)  # one window each, never reopened
+    assert all(det.gpus[f"dcgm:{g}"].window_end_ms <= T0 + 600_000 for g in range(4))
+    (xid,) = [e for e in events if e.gpu == "dcgm:5"]
+    assert xid.opened and det.active_windows(now) == ["dcgm:5"]
+
+
 def test_disabled_detects_but_opens_no_window() -> None:
     sim = Simulator(7, exporters=("dcgm",), incidents=[Incident("xid", 1, 30, 24)], dcgm_health_fields=True)
     det = Detector(AnomalyConfig(), INTERVAL_S)
@@ -188,6 +228,7 @@ def test_defaults_and_overrides() -> None:
         ({"reserved_share": 1}, ["anomaly.reserved_share"]),
         ({"reserved_share": 0}, ["anomaly.reserved_share"]),
         ({"max_windows": 0}, ["anomaly.max_windows"]),
+        ({"max_window_seconds": 0}, ["anomaly.max_window_seconds"]),
         ({"presets": ["nvidia"]}, ["anomaly.presets[0]"]),
         ({"score": "hst"}, ["anomaly.score"]),
         ({"thresholds": {"gpu_temp": 80}}, ["unknown key `gpu_temp` under `anomaly.thresholds`"]),

@@ -100,7 +100,8 @@ _POSIX = {
 }
 _BOUNDARY = f"(?:(?<![{_WORD}])(?=[{_WORD}])|(?<=[{_WORD}])(?![{_WORD}]))"
 _SIMPLE_ESCAPES = {"a": "\\a", "f": "\\f", "t": "\\t", "n": "\\n", "r": "\\r", "v": "\\v"}
-_REPEAT = re.compile(r"\{(\d+)(,(\d*))?\}")
+# Go's parseInt: ASCII digits, no leading zero; `a{01}` is the literal text, as any `{` no repeat starts.
+_REPEAT = re.compile(r"\{(0|[1-9][0-9]*)(,(0|[1-9][0-9]*)?)?\}")
 _NAMED = re.compile(r"\(\?P?<([A-Za-z0-9_]+)>")  # RE2 takes both spellings, re (3.11) only (?P<
 _FLAGS = re.compile(r"\(\?([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])")
 
@@ -302,7 +303,7 @@ class _RE2:
             raise self.fail("Unicode classes (\\p, \\P) are not supported")
         if c.isdigit():
             raise self.fail("backreferences and octal escapes are not supported: use \\x..")
-        if c.isascii() and not c.isalnum() and c != "_":
+        if c.isascii() and not c.isalnum():  # Go takes `\_` too ("too many programs insist on it")
             return re.escape(c)
         raise self.fail(f"RE2 does not know the escape \\{c}")
 

@@ -196,6 +196,10 @@ def test_replacement_expands_like_go(replacement: str, expected: str) -> None:
         (r"[[:punct:]]", ["!", "[", "`", "~"], ["a"]),
         ("a{,2}", ["a{,2}"], ["", "aa"]),  # RE2: a literal `{` here
         ("a{2}", ["aa"], ["a"]),
+        (r"a\_[\_]", ["a__"], ["a_"]),  # Go reads an escaped `_` as itself
+        ("a{01}", ["a{01}"], ["a"]),  # Go's parseInt takes no leading zero: a literal again
+        ("a{1,02}", ["a{1,02}"], ["a", "aa"]),
+        ("a{\u0661}", ["a{\u0661}"], ["a"]),  # nor a digit other than ASCII
         (r"\x41\x{42}", ["AB"], []),
         ("[a-c&&]", ["&", "b"], ["d"]),
         ("[]a]", ["]", "a"], ["b"]),

@@ -28,11 +28,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
 
-from edge_relay.encode import WIDEST_SEQ, BatchEncoder
+from edge_relay.encode import BatchEncoder
 from edge_relay.linear_regex import LinearRegex
 from edge_relay.recorder import FlightRecorder, Readout
 from edge_relay.relabel import LABEL_NAME, RelabelError
-from edge_relay.retention import subset_batch
 from schemas.codec.command import (
     MAX_SELECTOR_CHARS,
     BackfillRequest,
@@ -40,7 +39,7 @@ from schemas.codec.command import (
     MissingRange,
     encode_result,
 )
-from schemas.model import Batch, Labels, ScrapeBlock
+from schemas.model import Batch, Labels
 
 if TYPE_CHECKING:
     from edge_relay.selfmetrics import RelayMetrics
@@ -412,7 +411,7 @@ class Backfiller:
             job.done = True
             return 0
         spooled = 0
-        for part in self._split(batch):
+        for part in self._encoder.fit(batch):
             if self._sink.append(part) is None:
                 job.missing.append(MissingRange(part.first_timestamp_ms, job.req.to_ms, "spool_full"))
                 job.done = True
@@ -427,24 +426,6 @@ class Backfiller:
         job.samples += spooled
         self._metrics.backfill_samples.inc(spooled)
         return spooled
-
-    def _split(self, batch: Batch) -> list[Batch]:
-        """``batch`` in parts that each encode to at most ``batch.max_bytes`` (a recorder block holds
-        ``recorder.block_seconds`` of cycles: larger than a wire batch may be)."""
-        if len(self._encoder.encode(batch, WIDEST_SEQ)) <= self._encoder.max_bytes:
-            return [batch]
-        blocks = batch.scrapes
-        if len(blocks) > 1:
-            mid = len(blocks) // 2
-            return self._split(_subset(batch, blocks[:mid])) + self._split(_subset(batch, blocks[mid:]))
-        block = blocks[0]
-        n = len(block.values)
-        if n <= 1:
-            raise ValueError(
-                f"a single sample encodes to more than batch.max_bytes={self._encoder.max_bytes}"
-            )
-        halves = [_slice(block, 0, n // 2), _slice(block, n // 2, n)]
-        return [p for h in halves for p in self._split(_subset(batch, [h]))]
 
     def _result(self, job: _Job) -> CommandResult:
         req = job.req
@@ -463,13 +444,3 @@ class Backfiller:
             last_ms=job.last_ms,
             missing=tuple(job.missing),
         )
-
-
-def _slice(block: ScrapeBlock, lo: int, hi: int) -> ScrapeBlock:
-    stamps = None if block.timestamps is None else block.timestamps[lo:hi]
-    return ScrapeBlock(block.timestamp_ms, block.series[lo:hi], block.values[lo:hi], stamps)
-
-
-def _subset(batch: Batch, blocks: Sequence[ScrapeBlock]) -> Batch:
-    """The batch of only ``blocks``, with only the label sets they use."""
-    return subset_batch(batch.cluster, batch.node, blocks, batch.labelsets)

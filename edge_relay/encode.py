@@ -211,6 +211,28 @@ def series_parts(scrapes: Sequence[ShapedScrape], parts: int) -> list[list[Shape
     return [g for g in groups if g]
 
 
+def subset_batch(cluster: str, node: str, blocks: Sequence[ScrapeBlock], table: Sequence[Labels]) -> Batch:
+    """A batch (seq 0) of only ``blocks``, with only the label sets of ``table`` they use."""
+    remap: dict[int, int] = {}
+    labelsets: list[Labels] = []
+    out: list[ScrapeBlock] = []
+    for block in blocks:
+        ids = array("I")
+        for idx in block.series:
+            new = remap.get(idx)
+            if new is None:
+                new = remap[idx] = len(labelsets)
+                labelsets.append(table[idx])
+            ids.append(new)
+        out.append(ScrapeBlock(block.timestamp_ms, ids, block.values, block.timestamps))
+    return Batch(cluster, node, 0, labelsets, out)
+
+
+def _slice(block: ScrapeBlock, lo: int, hi: int) -> ScrapeBlock:
+    stamps = None if block.timestamps is None else block.timestamps[lo:hi]
+    return ScrapeBlock(block.timestamp_ms, block.series[lo:hi], block.values[lo:hi], stamps)
+
+
 class BatchEncoder:
     def __init__(
         self,
@@ -245,6 +267,24 @@ class BatchEncoder:
         payload = encode_checked(batch, self._valid, level=self.zstd_level, version=version)
         self._last_batch, self._last_version, self._last_payload = batch, version, payload
         return payload
+
+    def fit(self, batch: Batch) -> list[Batch]:
+        """``batch`` in parts that each encode to at most ``max_bytes``: by scrape blocks, then by the
+        samples of one block (a flight recorder block holds ``recorder.block_seconds`` of cycles, larger
+        than a wire batch may be)."""
+        if len(self.encode(batch, WIDEST_SEQ)) <= self.max_bytes:
+            return [batch]
+        blocks, table = batch.scrapes, batch.labelsets
+        if len(blocks) > 1:
+            mid = len(blocks) // 2
+            first = subset_batch(batch.cluster, batch.node, blocks[:mid], table)
+            return self.fit(first) + self.fit(subset_batch(batch.cluster, batch.node, blocks[mid:], table))
+        block = blocks[0]
+        n = len(block.values)
+        if n <= 1:
+            raise ValueError(f"a single sample encodes to more than batch.max_bytes={self.max_bytes}")
+        halves = [_slice(block, 0, n // 2), _slice(block, n // 2, n)]
+        return [p for h in halves for p in self.fit(subset_batch(batch.cluster, batch.node, [h], table))]
 
     def build_window(self, scrapes: Sequence[ShapedScrape]) -> list[Batch]:
         """One batch for every scrape of a window; a batch over ``max_bytes`` is cut in two by series

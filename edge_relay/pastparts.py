@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from edge_relay.anomaly import Event
+from edge_relay.encode import BatchEncoder
 from schemas.model import Labels
 
 
@@ -32,9 +33,13 @@ class PastParts:
     and acked like a backlog, the oldest data first), at ``reserved_share`` of the allowed rate: a
     credit per cycle, so a window never bursts the link and the live data keeps flowing beside it."""
 
-    def __init__(self, recorder: Any, sink: Any, interval_s: float) -> None:
+    def __init__(
+        self, recorder: Any, sink: Any, interval_s: float, encoder: BatchEncoder | None = None
+    ) -> None:
         self._recorder = recorder
         self._sink = sink
+        # Cuts a recorder block (block_seconds of cycles) into batches within batch.max_bytes.
+        self._encoder = encoder
         self._interval_s = interval_s
         self._jobs: deque[_Past] = deque()
         self._credit = 0.0
@@ -74,9 +79,10 @@ class PastParts:
                     job.event.missing = f"{job.event.missing}; {gone}" if job.event.missing else gone
                 self._jobs.popleft()
                 continue
-            payload = self._sink.append(batch)
-            if payload is not None:
-                samples += batch.sample_count
-                nbytes += len(payload)
-                self._credit -= len(payload)
+            for part in self._encoder.fit(batch) if self._encoder is not None else [batch]:
+                payload = self._sink.append(part)
+                if payload is not None:
+                    samples += part.sample_count
+                    nbytes += len(payload)
+                    self._credit -= len(payload)
         return samples, nbytes

@@ -227,7 +227,7 @@ class Relay:
         self.window.resume()
         controller = self.budget.controller if self.budget is not None else None
         # Anomaly windows' past part: the recorder's raw samples of the GPU, spooled through the sink.
-        self.past = PastParts(self.recorder, self.sink, s.interval_seconds)
+        self.past = PastParts(self.recorder, self.sink, s.interval_seconds, self.encoder)
         if self.budget is not None and self.budget.anomaly is not None and not s.recorder_max_bytes:
             log.warning("anomaly windows get no past part: the flight recorder is off (recorder.max_bytes 0)")
         self.status = StatusReport(self.spool, self.ledger, controller, anomaly=self._anomaly_status)

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edge_relay.budget.model import PRESET_COUNTERS, is_counter
-from edge_relay.encode import WIDEST_SEQ, BatchEncoder
+from edge_relay.encode import WIDEST_SEQ, BatchEncoder, subset_batch
 from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.spool import InFlight, Order, Replacement, Spool, SpoolRow
 from schemas import codec
@@ -243,20 +243,3 @@ class Retention:
             ]
         mid = len(blocks) // 2
         return self._encode(blocks[:mid], table) + self._encode(blocks[mid:], table)
-
-
-def subset_batch(cluster: str, node: str, blocks: Sequence[ScrapeBlock], table: Sequence[Labels]) -> Batch:
-    """A batch (seq 0) of only ``blocks``, with only the label sets of ``table`` they use."""
-    remap: dict[int, int] = {}
-    labelsets: list[Labels] = []
-    out: list[ScrapeBlock] = []
-    for block in blocks:
-        ids = array("I")
-        for idx in block.series:
-            new = remap.get(idx)
-            if new is None:
-                new = remap[idx] = len(labelsets)
-                labelsets.append(table[idx])
-            ids.append(new)
-        out.append(ScrapeBlock(block.timestamp_ms, ids, block.values, block.timestamps))
-    return Batch(cluster, node, 0, labelsets, out)

@@ -546,3 +546,34 @@ def test_thermal_runaway_end_to_end(tmp_path: Path, mosquitto: Any, prometheus: 
     assert checked >= (PRE_S + POST_S) * 20, checked  # ~16 s of every GPU 1 dcgm series
     # GPU 0 stayed coarse: a counter's first sample and the 300 s windows closed on shutdown.
     assert raw_gpu0 > 40 * 20 and coarse_gpu0 <= raw_gpu0 / 10, (coarse_gpu0, raw_gpu0)
+
+
+def test_a_past_part_goes_in_batches_within_batch_max_bytes() -> None:
+    """A recorder block holds block_seconds of cycles: the past part cuts it, as backfill does, so no
+    message exceeds what the broker takes (batch.max_bytes)."""
+    from edge_relay.encode import BatchEncoder
+    from schemas.model import Batch, ScrapeBlock
+
+    labelsets = [
+        tuple(sorted({"__name__": "DCGM_FI_DEV_GPU_TEMP", "gpu": str(g), "uuid": f"GPU-{g:032x}"}.items()))
+        for g in range(200)
+    ]
+    blocks = [
+        ScrapeBlock(
+            T0 - 60_000 + k * 1000, array("I", range(200)), array("d", [k + g / 7 for g in range(200)])
+        )
+        for k in range(60)
+    ]
+    block = Batch("test", "n1", 0, labelsets, blocks)  # type: ignore[arg-type]
+    encoder = BatchEncoder("test", "n1", max_bytes=4096)
+    assert len(encoder.encode(block, 1)) > 4096
+    rec = _Recorder()
+    rec.read = lambda start, end, match: iter([block])  # type: ignore[method-assign]
+    sink = _Sink()
+    past = PastParts(rec, sink, interval_s=1.0, encoder=encoder)
+    past.start(Event("dcgm:1", "thermal", "temp_slope", T0, 3.0, T0 + 300_000), lambda ls: True, 120, T0)
+    while past.pending:
+        past.step(1e9, 0.5)
+    assert len(sink.batches) > 1
+    assert all(len(encoder.encode(b, 1)) <= 4096 for b in sink.batches)
+    assert sum(b.sample_count for b in sink.batches) == 60 * 200

@@ -440,6 +440,11 @@ class Rule:
 _FIELDS: Final = ("source_labels", "separator", "regex", "modulus", "target_label", "replacement", "action")
 
 
+def _text(value: Any) -> Any:
+    """A plain integer as the decimal text Prometheus reads it as; anything else as it is."""
+    return str(value) if type(value) is int else value
+
+
 def compile_rule(raw: Mapping[str, Any], key: str) -> Rule:
     """One rule from its config mapping, validated as Prometheus does (``Config.Validate``)."""
     unknown = sorted(set(raw) - set(_FIELDS))
@@ -454,9 +459,10 @@ def compile_rule(raw: Mapping[str, Any], key: str) -> Rule:
             raise RelabelError(f"{key}.source_labels[{n}]", f"{name!r} is not a valid label name")
     separator = raw.get("separator", DEFAULT_SEPARATOR)
     target = raw.get("target_label", "")
-    replacement = raw.get("replacement", DEFAULT_REPLACEMENT)
+    # Prometheus reads these YAML scalars as text: `regex: 0` (a hashmod shard's keep) is the regex "0".
+    replacement = _text(raw.get("replacement", DEFAULT_REPLACEMENT))
     modulus = raw.get("modulus", 0)
-    regex_text = raw.get("regex", DEFAULT_REGEX)
+    regex_text = _text(raw.get("regex", DEFAULT_REGEX))
     try:
         regex = compile_regex(regex_text)
     except RelabelError as e:
@@ -475,7 +481,8 @@ def compile_rule(raw: Mapping[str, Any], key: str) -> Rule:
     if action in ("hashmod", "lowercase", "uppercase", "keepequal", "dropequal"):
         need(LABEL_NAME.fullmatch(target) is not None, "target_label", f"{target!r} is not a label name")
     if action in ("lowercase", "uppercase", "keepequal", "dropequal"):
-        need("replacement" not in raw, "replacement", f"replacement cannot be set for {action}")
+        # Compared with the default, as Prometheus does: an explicit `replacement: $1` passes.
+        need(replacement == DEFAULT_REPLACEMENT, "replacement", f"replacement cannot be set for {action}")
     if action == "labelmap":
         need(
             _TEMPLATED_NAME.fullmatch(replacement) is not None,

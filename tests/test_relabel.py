@@ -448,6 +448,27 @@ def test_invalid_rules_name_file_key_and_reason(
     assert str(path) in msg and f"`targets[1].metric_relabel_configs[1{key[2:]}`" in msg and why in msg, msg
 
 
+@pytest.mark.parametrize(
+    "rule",
+    [
+        # YAML scalars Prometheus reads as text: a hashmod shard's keep, a numeric replacement.
+        {"source_labels": ["a"], "action": "keep", "regex": 0},
+        {"source_labels": ["a"], "target_label": "b", "replacement": 7},
+        # Explicit defaults: Prometheus compares with them, so these pass `promtool check config`.
+        {"action": "lowercase", "source_labels": ["a"], "target_label": "b", "replacement": "$1"},
+        {"action": "keepequal", "source_labels": ["a"], "target_label": "b", "replacement": "$1"},
+    ],
+)
+def test_rules_prometheus_takes_are_taken(tmp_path: Path, rule: dict[str, Any]) -> None:
+    settings_mod.load(str(config(tmp_path, metric_relabel_configs=[rule])))
+
+
+def test_an_unquoted_number_is_the_regex_of_its_digits() -> None:
+    rs = rules({"source_labels": ["shard"], "action": "keep", "regex": 0})
+    assert relabel(rs, {"__name__": "m", "shard": "0"}) is not None
+    assert relabel(rs, {"__name__": "m", "shard": "10"}) is None
+
+
 def test_a_bad_global_rule_names_its_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=re.escape("`scrape.metric_relabel_configs[0].regex`")):
         settings_mod.load(str(config(tmp_path, global_rules=[{"action": "drop", "regex": "a++"}])))

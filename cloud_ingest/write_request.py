@@ -99,7 +99,7 @@ def request_size_bound(
         if labels_cache is not None and labelsets and labels_cache.get(labelsets[0]) is not None:
             quick = fixed + _known_labels_bound(labelsets, labels_cache)
         else:
-            quick = fixed + _chars_bound(labelsets)
+            quick = fixed + _chars_bound(labelsets, pairs)
         if quick <= cap:
             return quick
     sizes: dict[tuple[str, str], int] = {}
@@ -114,10 +114,11 @@ def request_size_bound(
     return total
 
 
-def _chars_bound(labelsets: list[Labels]) -> int:
-    """The label sets' encoded size at most: 4 bytes a character, every label's tags and lengths."""
+def _chars_bound(labelsets: list[Labels], pairs: int) -> int:
+    """The label sets' encoded size at most (``pairs``: their labels): 4 bytes a character, every
+    label's tags and lengths."""
     chars = sum(map(len, chain.from_iterable(chain.from_iterable(labelsets))))
-    return 4 * chars + _MAX_LABEL_HEAD_BYTES * sum(map(len, labelsets))
+    return 4 * chars + _MAX_LABEL_HEAD_BYTES * pairs
 
 
 def _known_labels_bound(labelsets: list[Labels], labels_cache: LabelBytes) -> int:
@@ -131,7 +132,7 @@ def _known_labels_bound(labelsets: list[Labels], labels_cache: LabelBytes) -> in
             unknown.append(labels)
         else:
             total += len(known)
-    return total + _chars_bound(unknown)
+    return total + _chars_bound(unknown, sum(map(len, unknown)))
 
 
 def _sample_tail(timestamp_ms: int) -> bytes:

@@ -228,7 +228,8 @@ def subset_batch(cluster: str, node: str, blocks: Sequence[ScrapeBlock], table: 
     return Batch(cluster, node, 0, labelsets, out)
 
 
-def _slice(block: ScrapeBlock, lo: int, hi: int) -> ScrapeBlock:
+def slice_block(block: ScrapeBlock, lo: int, hi: int) -> ScrapeBlock:
+    """Samples ``lo:hi`` of ``block``, with their own timestamps if it has them."""
     stamps = None if block.timestamps is None else block.timestamps[lo:hi]
     return ScrapeBlock(block.timestamp_ms, block.series[lo:hi], block.values[lo:hi], stamps)
 
@@ -274,17 +275,19 @@ class BatchEncoder:
         than a wire batch may be)."""
         if len(self.encode(batch, WIDEST_SEQ)) <= self.max_bytes:
             return [batch]
-        blocks, table = batch.scrapes, batch.labelsets
+        blocks = batch.scrapes
+
+        def fit_part(part: Sequence[ScrapeBlock]) -> list[Batch]:
+            return self.fit(subset_batch(batch.cluster, batch.node, part, batch.labelsets))
+
         if len(blocks) > 1:
             mid = len(blocks) // 2
-            first = subset_batch(batch.cluster, batch.node, blocks[:mid], table)
-            return self.fit(first) + self.fit(subset_batch(batch.cluster, batch.node, blocks[mid:], table))
+            return fit_part(blocks[:mid]) + fit_part(blocks[mid:])
         block = blocks[0]
         n = len(block.values)
         if n <= 1:
             raise ValueError(f"a single sample encodes to more than batch.max_bytes={self.max_bytes}")
-        halves = [_slice(block, 0, n // 2), _slice(block, n // 2, n)]
-        return [p for h in halves for p in self.fit(subset_batch(batch.cluster, batch.node, [h], table))]
+        return fit_part([slice_block(block, 0, n // 2)]) + fit_part([slice_block(block, n // 2, n)])
 
     def build_window(self, scrapes: Sequence[ShapedScrape]) -> list[Batch]:
         """One batch for every scrape of a window; a batch over ``max_bytes`` is cut in two by series

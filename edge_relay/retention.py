@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edge_relay.budget.model import PRESET_COUNTERS, is_counter
-from edge_relay.encode import WIDEST_SEQ, BatchEncoder, subset_batch
+from edge_relay.encode import WIDEST_SEQ, BatchEncoder, slice_block, subset_batch
 from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.spool import InFlight, Order, Replacement, Spool, SpoolRow
 from schemas import codec
@@ -227,10 +227,7 @@ class Retention:
         payload = self.encoder.encode(batch, WIDEST_SEQ)
         if len(blocks) == 1 and len(payload) > self.encoder.max_bytes and len(blocks[0].values) > 1:
             block, mid = blocks[0], len(blocks[0].values) // 2
-            halves = [
-                ScrapeBlock(block.timestamp_ms, block.series[lo:hi], block.values[lo:hi])
-                for lo, hi in ((0, mid), (mid, len(block.values)))
-            ]
+            halves = [slice_block(block, 0, mid), slice_block(block, mid, len(block.values))]
             return self._encode(halves[:1], table) + self._encode(halves[1:], table)
         if len(payload) <= self.encoder.max_bytes or len(blocks) == 1:
             return [

@@ -28,7 +28,7 @@ subprocesses (RSS) and from the packages' installed files.
     .venv/bin/python bench/anomaly_bench.py --quick      # 2 / 3 / 2 runs, ~1 min
 
 ``--vendor amd|intel|jetson`` (or ``--vendor nvidia --detectors product``) runs the relay's own detector
-instead (``edge_relay.anomaly.Detector`` with the vendor's preset and the relay's defaults: the rules
+instead (``edge_relay.anomaly.detector.Detector`` with the vendor's preset and the relay's defaults: the rules
 or-ed with the EWMA score at ``score_threshold``) on that vendor's simulated exporter, scraped as the
 relay does (parse + ``TargetShaper``), with the same ordinary day applied to the raw samples in the
 exporter's units (``VendorDay``); XID bursts are not applicable on Intel and Jetson (no XID, no ECC
@@ -458,7 +458,7 @@ def evaluate(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     return text, summary
 
 
-# --- any vendor: the product's detector (edge_relay.anomaly) on that vendor's exporter -------------
+# --- any vendor: the product's detector (edge_relay.anomaly.detector) on that vendor's exporter -------------
 
 # The exporters scraped per vendor (Kepler only where it has GPU series: it reads GPUs through NVML).
 VENDOR_EXPORTERS = {"nvidia": ("dcgm", "kepler"), "amd": ("amd",), "intel": ("intel",), "jetson": ("jetson",)}
@@ -546,7 +546,7 @@ _CAPTURED: dict[str, tuple[list[tuple[str, str]], float]] = {}
 
 
 def _capture_evaluate() -> None:
-    from edge_relay import anomaly
+    from edge_relay.anomaly import detector as anomaly
 
     if getattr(anomaly._Gpu.evaluate, "bench_capture", False):
         return
@@ -565,8 +565,8 @@ def product_config(vendor: str, overrides: dict[str, float | None], score_thresh
     that vendor's thresholds (``--threshold``) and score threshold."""
     import dataclasses
 
-    from edge_relay.anomaly import AnomalyConfig
-    from edge_relay.anomaly_signals import DEFAULT_THRESHOLDS
+    from edge_relay.anomaly.detector import AnomalyConfig
+    from edge_relay.anomaly.signals import DEFAULT_THRESHOLDS
 
     preset = VENDOR_PRESET[vendor]
     th = dict(DEFAULT_THRESHOLDS)
@@ -584,10 +584,10 @@ def product_run(
     """One run of ``vendor``'s node scraped as the relay does (parse + ``TargetShaper``), the ordinary
     day applied to the raw samples, fed to the product's ``Detector``: per simulator GPU and scrape, the
     rules that fired ((kind, rule), the EWMA score's as ("score", ...)) and the EWMA score."""
-    from edge_relay.anomaly import Detector
-    from edge_relay.anomaly_signals import gpu_key, vendor_of
-    from edge_relay.parse import parse as parse_exposition
-    from edge_relay.shape import TargetShaper
+    from edge_relay.anomaly.detector import Detector
+    from edge_relay.anomaly.signals import gpu_key, vendor_of
+    from edge_relay.collect.parse import parse as parse_exposition
+    from edge_relay.collect.shape import TargetShaper
     from simulator import incidents as si
 
     _capture_evaluate()
@@ -694,7 +694,7 @@ def _sim_gpu(exporter: str, d: dict[str, str], order: dict[str, list[str]]) -> i
 
 
 def evaluate_product(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
-    """The product's detector (``edge_relay.anomaly``, the vendor's preset with the relay's defaults)
+    """The product's detector (``edge_relay.anomaly.detector``, the vendor's preset with the relay's defaults)
     over ``args.vendor``'s exporter: incident runs per kind (those with a signal there) and incident-free
     runs; per kind precision, recall, delays, false events; which rules fired."""
     vendor = args.vendor
@@ -827,7 +827,7 @@ def evaluate_product(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     return text, summary
 
 
-SCORE_DEBOUNCE_PRODUCT = 2  # edge_relay.anomaly_signals.SCORE_DEBOUNCE
+SCORE_DEBOUNCE_PRODUCT = 2  # edge_relay.anomaly.signals.SCORE_DEBOUNCE
 
 
 def _counts(d: dict[str, int]) -> str:
@@ -940,7 +940,8 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         choices=[*DETECTORS, "product"],
         help="default: all of the bench's detectors on nvidia, `product` on the other vendors; `product` is "
-        "edge_relay.anomaly's detector (the vendor preset's rules or-ed with the EWMA score, relay defaults)",
+        "edge_relay.anomaly.detector's detector (the vendor preset's rules or-ed with the EWMA score, "
+        "relay defaults)",
     )
     p.add_argument(
         "--threshold",
@@ -948,7 +949,7 @@ def main(argv: list[str] | None = None) -> int:
         type=_threshold_arg,
         metavar="KEY=VALUE",
         help="product: override one of the vendor preset's thresholds "
-        "(edge_relay.anomaly_signals.Thresholds, e.g. power_limit=180, power_fraction=0.99; "
+        "(edge_relay.anomaly.signals.Thresholds, e.g. power_limit=180, power_fraction=0.99; "
         "`none` turns a rule off); repeatable",
     )
     p.add_argument("--score-threshold", type=float, default=None, help="product: the EWMA score threshold")
@@ -992,7 +993,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _threshold_arg(text: str) -> tuple[str, float | None]:
-    from edge_relay.anomaly_signals import THRESHOLD_KEYS
+    from edge_relay.anomaly.signals import THRESHOLD_KEYS
 
     key, sep, value = text.partition("=")
     if not sep or key not in THRESHOLD_KEYS:

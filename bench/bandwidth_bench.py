@@ -980,7 +980,9 @@ def budget_plan(
     if proc.returncode != 0:
         return command, f"(failed, exit status {proc.returncode}: {proc.stderr.strip()[-500:]})", None
     rep: dict[str, Any] = json.loads(proc.stdout)
-    from edge_relay.budget.plan import render_table  # the command's own text output, without a 2nd scrape
+    from edge_relay.commands.budget_plan import (
+        render_table,  # the command's own text output, without a 2nd scrape
+    )
 
     return command, render_table(rep), rep
 

@@ -15,9 +15,9 @@ import argparse
 
 from pipeline_bench import best_of  # type: ignore[import-not-found]  # bench/ is sys.path[0] for a script
 
-from edge_relay.encode import to_batch
-from edge_relay.parse import SeriesCache, parse
-from edge_relay.shape import ShapedScrape, TargetShaper
+from edge_relay.collect.parse import SeriesCache, parse
+from edge_relay.collect.shape import ShapedScrape, TargetShaper
+from edge_relay.encode.batches import to_batch
 from schemas import codec
 from schemas.model import Batch
 from simulator import EXPORTERS, Simulator

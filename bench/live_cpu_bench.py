@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from edge_relay import settings as relay_settings
-from edge_relay.relay import Relay
+from edge_relay.app import Relay
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.uplink import Uplink
+from edge_relay.uplink.mqtt import Uplink
 from testkit.readings import proc_stats
 from testkit.stack import relay_config
 

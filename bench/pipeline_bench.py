@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 
 from cloud_ingest.write import encode_body
-from edge_relay.encode import BatchEncoder
-from edge_relay.parse import SeriesCache, parse
-from edge_relay.shape import TargetShaper
+from edge_relay.collect.parse import SeriesCache, parse
+from edge_relay.collect.shape import TargetShaper
+from edge_relay.encode.batches import BatchEncoder
 from schemas import codec
 from simulator import EXPORTERS, Simulator
 

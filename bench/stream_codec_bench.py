@@ -50,8 +50,8 @@ import zstandard
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from edge_relay.parse import SeriesCache, parse
-from edge_relay.shape import TargetShaper
+from edge_relay.collect.parse import SeriesCache, parse
+from edge_relay.collect.shape import TargetShaper
 from schemas import codec, columnar
 from schemas.codec.v2 import _encode_labels_v2
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock
@@ -600,8 +600,8 @@ def compare(path: Path, limit: int, keyframes: list[int], v2_every: int, modes: 
 
 def _window_batches(frames: list[Frame], window: int, source: object) -> list[Batch]:
     """The relay's windowed batches: ``window`` cycles each, cut by ``build_window`` as the relay does."""
-    from edge_relay.encode import BatchEncoder, dedupe_window
-    from edge_relay.shape import ShapedScrape
+    from edge_relay.collect.shape import ShapedScrape
+    from edge_relay.encode.batches import BatchEncoder, dedupe_window
 
     names: Sequence[str] = ()
     if source == "simulator":

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     s = settings_mod.load(args.config)
     if args.match is not None:
         # Checked here too, so a typo fails at once rather than in the relay's answer.
-        from edge_relay.backfill import SelectorError, parse_selector
+        from relay_common.selector import SelectorError, parse_selector
 
         try:
             parse_selector(args.match)

@@ -254,7 +254,7 @@ class NodeView:
     refused: int
     last_dead_letter_at: float | None
     seq_gaps: int | None  # None when this process does not see every seq
-    # Anomaly detection (edge_relay.anomaly), as reported; None: the node runs none (or is older).
+    # Anomaly detection (edge_relay.anomaly.detector), as reported; None: the node runs none (or is older).
     anomaly_events: float | None = None  # events (window onsets) since the relay started
     anomaly_windows: float | None = None  # anomaly windows open now
     anomaly_last_event: float | None = None  # Unix seconds of the last event

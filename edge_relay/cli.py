@@ -7,18 +7,24 @@ import sys
 from relay_common import cli
 
 COMMANDS: cli.Commands = {
-    "run": ("edge_relay.relay", "scrape, spool and ship metrics as configured (the sidecar's main job)"),
+    "run": ("edge_relay.app", "scrape, spool and ship metrics as configured (the sidecar's main job)"),
     "simulate": (
         "simulator.server",
         "serve simulated exporters: Kepler, node-exporter and the GPU exporter of --vendor (default nvidia)",
     ),
-    "ledger": ("edge_relay.ledger_cmd", "print the loss ledger: samples dropped or merged, by reason"),
+    "ledger": ("edge_relay.commands.ledger", "print the loss ledger: samples dropped or merged, by reason"),
     "status": (
-        "edge_relay.status_cmd",
+        "edge_relay.commands.status",
         "link, backlog, drain rate and ETA, budget, losses, targets: from the spool and the relay's /metrics",
     ),
-    "check-config": ("edge_relay.checkconfig", "validate a config file and print it with defaults filled in"),
-    "budget": ("edge_relay.budget.plan", "bandwidth budget: `budget plan` estimates each class's bytes/s"),
+    "check-config": (
+        "edge_relay.commands.checkconfig",
+        "validate a config file and print it with defaults filled in",
+    ),
+    "budget": (
+        "edge_relay.commands.budget_plan",
+        "bandwidth budget: `budget plan` estimates each class's bytes/s",
+    ),
 }
 
 

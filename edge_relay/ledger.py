@@ -1,7 +1,7 @@
 """The loss ledger: every sample the relay gave up, with its reason, series, time range and count.
 
 A scraped sample ends in the cloud or here; never nowhere. The ledger's rows live in the spool file
-(``edge_relay.spool.losses``), so they survive restarts and travel with the spool; this module holds the
+(``edge_relay.store.spool.losses``), so they survive restarts and travel with the spool; this module holds the
 reasons (one enum that the spool, retention, the uplink and the relay all use) and the relay-side part:
 an entry that cannot be written yet (a full disk) waits in memory, still counted in ``totals()``, and is
 written by the next ``flush()``. Nothing here imports the spool: the ledger is handed its table, so the

@@ -14,7 +14,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
-    from edge_relay.spool import SpoolStats
+    from edge_relay.store.spool import SpoolStats
 
 # The budget controller's states (``Controller.state``), each a series of edge_relay_budget_state.
 BUDGET_STATES = ("ok", "degraded", "backlogged", "quota_exhausted")
@@ -238,7 +238,7 @@ class RelayMetrics:
             registry=r,
         )
 
-        # The flight recorder (edge_relay.recorder): raw scrapes kept on the node, not sent.
+        # The flight recorder (edge_relay.recorder.flight): raw scrapes kept on the node, not sent.
         self.recorder_samples = Counter(
             "edge_relay_recorder_samples_total",
             "Samples the flight recorder stored at full resolution (raw scrapes, before the budget).",
@@ -265,7 +265,7 @@ class RelayMetrics:
             ["op"],
             registry=r,
         )
-        # Anomaly detection (edge_relay.anomaly), with a budget file's `anomaly` section only.
+        # Anomaly detection (edge_relay.anomaly.detector), with a budget file's `anomaly` section only.
         self.anomaly_score = Gauge(
             "edge_relay_anomaly_score",
             "The GPU's EWMA z-score over its signals this scrape (max over signals; dimensionless); "
@@ -295,7 +295,8 @@ class RelayMetrics:
             ["part"],
             registry=r,
         )
-        # Commands from the ingester (edge_relay.backfill): backfill requests and what became of them.
+        # Commands from the ingester (edge_relay.recorder.backfill): backfill requests and what became
+        # of them.
         self.commands = Counter(
             "edge_relay_commands_total",
             "Commands received on the node's cmd topic, by kind (backfill; unknown when undecodable) and "

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from edge_relay.relabel import LABEL_NAME, RelabelError, Rule, compile_rules, relabel
 from relay_common import config as config_loader
 from relay_common.config import ConfigError
 from relay_common.mqtt_tls import TLS, tls_from
+from relay_common.relabel import LABEL_NAME, RelabelError, Rule, compile_rules, relabel
 from schemas import topics
 
 log = logging.getLogger("edge_relay")
@@ -36,7 +36,7 @@ class Target:
     instance: str
     format: str
     labels: dict[str, str]
-    # scrape.metric_relabel_configs, then the target's own list (edge_relay.relabel).
+    # scrape.metric_relabel_configs, then the target's own list (relay_common.relabel).
     metric_relabel: tuple[Rule, ...] = ()
 
 
@@ -85,11 +85,11 @@ class Settings:
     mqtt: MQTT
     metrics_listen: str
     budget_file: str = ""  # resolved against the config file's directory; "" = no budget
-    # The flight recorder (edge_relay.recorder); max_bytes 0 disables it.
+    # The flight recorder (edge_relay.recorder.flight); max_bytes 0 disables it.
     recorder_max_bytes: int = 0
     recorder_max_age_seconds: float = 0.0
     recorder_block_seconds: float = 60.0
-    # Stream coding at publication (edge_relay.stream): wire format v3 frames.
+    # Stream coding at publication (edge_relay.uplink.stream): wire format v3 frames.
     stream_enabled: bool = False
     stream_keyframe_every: int = 360
     raw: dict[str, Any] = field(repr=False, default_factory=dict)

@@ -1,4 +1,4 @@
-"""Anomaly detection (``edge_relay.anomaly``) and the full-resolution windows it opens.
+"""Anomaly detection (``edge_relay.anomaly.detector``) and the full-resolution windows it opens.
 
 - the detectors on simulator series with injected incidents: each kind on the right GPU within a
   bound, nothing on an incident-free hour with the simulator's default churn;
@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 import yaml
 
-from edge_relay.anomaly import AnomalyConfig, Detector, Event, status_fields
+from edge_relay.anomaly.detector import AnomalyConfig, Detector, Event, status_fields
+from edge_relay.anomaly.pastparts import PastParts
 from edge_relay.budget.model import ConfigError, load, parse
 from edge_relay.budget.shaper import BudgetShaper
-from edge_relay.parse import parse as parse_exposition
-from edge_relay.pastparts import PastParts
-from edge_relay.shape import ShapedScrape, TargetShaper
+from edge_relay.collect.parse import parse as parse_exposition
+from edge_relay.collect.shape import ShapedScrape, TargetShaper
 from schemas.model import Labels, metric_name
 from simulator import Simulator
 from simulator.incidents import Incident
@@ -325,7 +325,7 @@ class _Recorder:
         self.reads: list[tuple[int, int]] = []
 
     def read(self, start_ms: int, end_ms: int, match: Any) -> Any:
-        from edge_relay.recorder import Gap, Readout
+        from edge_relay.recorder.flight import Gap, Readout
 
         self.reads.append((start_ms, end_ms))
         batches = [_Batch(100), _Batch(100), _Batch(100)]
@@ -551,7 +551,7 @@ def test_thermal_runaway_end_to_end(tmp_path: Path, mosquitto: Any, prometheus: 
 def test_a_past_part_goes_in_batches_within_batch_max_bytes() -> None:
     """A recorder block holds block_seconds of cycles: the past part cuts it, as backfill does, so no
     message exceeds what the broker takes (batch.max_bytes)."""
-    from edge_relay.encode import BatchEncoder
+    from edge_relay.encode.batches import BatchEncoder
     from schemas.model import Batch, ScrapeBlock
 
     labelsets = [

@@ -1,4 +1,4 @@
-"""Per-node anomaly detection (``edge_relay.anomaly_node``, run by ``edge_relay.anomaly.Detector``).
+"""Per-node anomaly detection (``edge_relay.anomaly.node``, run by ``edge_relay.anomaly.detector.Detector``).
 
 - the node's rules on scrapes built by hand (node-exporter + Kepler 0.10 or 0.7): a thermal climb, memory
   exhaustion (available memory, PSI stalls), a power jump and a power limit; the GPUs' own sensors and
@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
-from edge_relay.anomaly import AnomalyConfig, Detector, Event, status_fields
-from edge_relay.anomaly_node import NodeConfig, NodeThresholds, is_node_series
+from edge_relay.anomaly.detector import AnomalyConfig, Detector, Event, status_fields
+from edge_relay.anomaly.node import NodeConfig, NodeThresholds, is_node_series
 from edge_relay.budget.model import ConfigError, load, parse
-from edge_relay.shape import ShapedScrape
+from edge_relay.collect.shape import ShapedScrape
 from schemas.model import Labels, metric_name
 
 T0 = 1_800_000_000_000
@@ -226,8 +226,8 @@ def test_no_event_on_a_steady_node_for_six_hours() -> None:
 
 
 def test_no_event_on_the_simulators_node() -> None:
-    from edge_relay.parse import parse as parse_exposition
-    from edge_relay.shape import TargetShaper
+    from edge_relay.collect.parse import parse as parse_exposition
+    from edge_relay.collect.shape import TargetShaper
     from simulator import Simulator
 
     exporters = ("node", "kepler", "kepler-0.7")
@@ -379,7 +379,7 @@ def exporters() -> Iterator[Any]:
 def open_relay(tmp_path: Path, exporters: Any, budget: str) -> Any:
     """A relay on the scripted exporters, its uplink never started (as ``tests/test_relay_cycles.py``)."""
     from edge_relay import settings as relay_settings
-    from edge_relay.relay import Relay
+    from edge_relay.app import Relay
     from edge_relay.selfmetrics import RelayMetrics
 
     (tmp_path / "budget.yaml").write_text(budget)

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from edge_relay.anomaly import AnomalyConfig, Detector, Event
-from edge_relay.anomaly_signals import take
-from edge_relay.parse import parse as parse_exposition
-from edge_relay.shape import ShapedScrape, TargetShaper
+from edge_relay.anomaly.detector import AnomalyConfig, Detector, Event
+from edge_relay.anomaly.signals import take
+from edge_relay.collect.parse import parse as parse_exposition
+from edge_relay.collect.shape import ShapedScrape, TargetShaper
 from simulator import Simulator
 from simulator.incidents import Incident
 

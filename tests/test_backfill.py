@@ -17,11 +17,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from edge_relay.backfill import Backfiller, CommandInbox, SelectorError, parse_selector
-from edge_relay.encode import BatchEncoder
-from edge_relay.recorder import FlightRecorder
+from edge_relay.collect.shape import ShapedScrape
+from edge_relay.encode.batches import BatchEncoder
+from edge_relay.recorder.backfill import Backfiller, CommandInbox
+from edge_relay.recorder.flight import FlightRecorder
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.shape import ShapedScrape
+from relay_common.selector import SelectorError, parse_selector
 from schemas.codec import DecodeError, EncodeError
 from schemas.codec.command import (
     MAX_RANGE_MS,
@@ -263,7 +264,7 @@ class _Sink:
 def _backfiller(
     tmp_path: Path, max_samples: int = 10_000, spool_max_age_ms: int = 0, scrapes: int = 20
 ) -> tuple[Backfiller, CommandInbox, _Sink, int]:
-    from edge_relay.spool import Spool
+    from edge_relay.store.spool import Spool
 
     spool = Spool(str(tmp_path / "spool.db"))
     clock = [NOW]
@@ -415,9 +416,9 @@ def test_the_uplink_hands_requests_to_the_inbox_and_publishes_results(
 
     from edge_relay.ledger import LossLedger
     from edge_relay.settings import MQTT
-    from edge_relay.spool import InFlight, SendQueue, Spool
-    from edge_relay.status import StatusReport
-    from edge_relay.uplink import Uplink
+    from edge_relay.store.spool import InFlight, SendQueue, Spool
+    from edge_relay.uplink.mqtt import Uplink
+    from edge_relay.uplink.status import StatusReport
 
     cfg = MQTT(
         "127.0.0.1",

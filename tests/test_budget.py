@@ -30,10 +30,10 @@ from edge_relay.budget import (
     load,
     parse,
 )
-from edge_relay.budget import plan as budget_plan
-from edge_relay.encode import BatchEncoder
-from edge_relay.parse import parse as parse_exposition
-from edge_relay.shape import ShapedScrape
+from edge_relay.collect.parse import parse as parse_exposition
+from edge_relay.collect.shape import ShapedScrape
+from edge_relay.commands import budget_plan
+from edge_relay.encode.batches import BatchEncoder
 from relay_common import cli as common_cli
 from relay_common import config as config_loader
 from relay_common import configdoc
@@ -823,7 +823,7 @@ def expected_series(simulator: Simulator) -> dict[str, int]:
 def test_cli_plan_table_fits(
     tmp_path: Path, sim_server: SimulatorServer, simulator: Simulator, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert edge_cli.COMMANDS["budget"][0] == "edge_relay.budget.plan"
+    assert edge_cli.COMMANDS["budget"][0] == "edge_relay.commands.budget_plan"
     assert run_cli("budget", "plan", "--config", str(relay_config(tmp_path, sim_server, 16384))) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
@@ -918,7 +918,7 @@ def test_budget_command_is_registered_in_the_real_cli() -> None:
 def test_relay_caps_batches_at_the_burst_and_warns_about_a_small_one(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from edge_relay.relay import Relay
+    from edge_relay.app import Relay
     from edge_relay.selfmetrics import RelayMetrics
 
     budget_path = write(

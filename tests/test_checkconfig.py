@@ -24,9 +24,9 @@ from cryptography.x509.oid import NameOID
 
 from cloud_ingest import cli as cloud_cli
 from cloud_ingest import service
-from edge_relay import checkconfig as edge_checkconfig
+from edge_relay import app as relay
 from edge_relay import cli as edge_cli
-from edge_relay import relay
+from edge_relay.commands import checkconfig as edge_checkconfig
 
 
 class Started(Exception):

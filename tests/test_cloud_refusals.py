@@ -38,9 +38,9 @@ from cloud_ingest.write import RemoteWriteClient
 from edge_relay.ledger import LossLedger, LossReason
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
-from edge_relay.spool import InFlight, SendQueue, Spool, SpoolRow
-from edge_relay.status import StatusReport
-from edge_relay.uplink import Uplink
+from edge_relay.store.spool import InFlight, SendQueue, Spool, SpoolRow
+from edge_relay.uplink.mqtt import Uplink
+from edge_relay.uplink.status import StatusReport
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
 from testkit.netfaults import RemoteWriteProxy

@@ -24,9 +24,9 @@ from test_codec import (  # shared helpers
     mg,
 )
 
-from edge_relay.encode import to_batch
-from edge_relay.parse import SeriesCache, parse
-from edge_relay.shape import TargetShaper
+from edge_relay.collect.parse import SeriesCache, parse
+from edge_relay.collect.shape import TargetShaper
+from edge_relay.encode.batches import to_batch
 from schemas import codec, columnar
 from schemas.codec import DEFAULT_LIMITS, DecodeError, EncodeError, Limits
 from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits

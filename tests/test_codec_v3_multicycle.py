@@ -26,7 +26,7 @@ from test_codec_v3 import (
     value_bits,
 )
 
-from edge_relay import stream as relay_stream
+from edge_relay.uplink import stream as relay_stream
 from schemas import codec, columnar
 from schemas.codec import DEFAULT_LIMITS, DecodeError, Limits, StreamDecoder, StreamEncoder, decode_state
 from schemas.codec import v3 as v3mod

@@ -17,7 +17,7 @@ import pytest
 from edge_relay.budget import Budget, ClassPolicy, RateWindow, UplinkBudget
 from edge_relay.budget.controller import Controller
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.spool import Spool
+from edge_relay.store.spool import Spool
 
 
 @dataclass

@@ -5,7 +5,7 @@ twice, lost or forged, ack timeouts, restarts, spool recreation and clock steps 
 scraped sample is in the spool, in the receiver, or in the loss ledger (refused by the cloud, so in a
 dead letter too), and none is in both the receiver and the ledger. The cloud may refuse a batch
 whole or only some of its samples (a ``partial`` ack with counts). The uplink's own ack logic
-(``edge_relay.acks.apply_ack``) is what runs here; only MQTT is replaced by lists.
+(``edge_relay.uplink.acks.apply_ack``) is what runs here; only MQTT is replaced by lists.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from edge_relay.acks import apply_ack
-from edge_relay.spool import InFlight, SendQueue, Spool
+from edge_relay.store.spool import InFlight, SendQueue, Spool
+from edge_relay.uplink.acks import apply_ack
 from schemas import codec
 from schemas.codec import Ack, AckResult
 from schemas.model import Batch, ScrapeBlock

@@ -1,4 +1,4 @@
-"""Tests of edge_relay/encode.py: label tables, batch building and splitting under max_bytes."""
+"""Tests of edge_relay/encode/batches.py: label tables, batch building and splitting under max_bytes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from collections.abc import Iterable, Sequence
 
 import pytest
 
-from edge_relay.encode import (
+from edge_relay.collect.shape import ShapedScrape
+from edge_relay.encode.batches import (
     BatchEncoder,
     RecentLabels,
     decode_stage,
@@ -20,7 +21,6 @@ from edge_relay.encode import (
     encode_stage,
     to_batch,
 )
-from edge_relay.shape import ShapedScrape
 from schemas import codec
 from schemas.model import STALE_NAN, Batch, Labels, float_bits
 

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry
 
 from cloud_ingest.selfmetrics import IngestMetrics
 from cloud_ingest.write import build_write_request
-from edge_relay.parse import parse
+from edge_relay.collect.parse import parse
 from edge_relay.selfmetrics import RelayMetrics
 from schemas.model import Batch, Labels, ScrapeBlock
 from simulator import Simulator

@@ -18,10 +18,10 @@ import yaml
 
 from edge_relay.budget import Budget, ClassPolicy, Matcher, UplinkBudget
 from edge_relay.budget.shaper import BudgetShaper
-from edge_relay.held import HeldWindows
+from edge_relay.collect.shape import ShapedScrape
 from edge_relay.ledger import LossLedger, LossReason
-from edge_relay.shape import ShapedScrape
-from edge_relay.spool import Spool
+from edge_relay.store.held import HeldWindows
+from edge_relay.store.spool import Spool
 from schemas.model import Labels
 from testkit.exporters import ScriptedExporter
 from testkit.services import Mosquitto, wait_until

@@ -19,11 +19,11 @@ import paho.mqtt.client as mqtt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge_relay.budget.pacer import Pacer
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
-from edge_relay.spool import InFlight, SendQueue, Spool
-from edge_relay.uplink import Uplink
+from edge_relay.store.spool import InFlight, SendQueue, Spool
+from edge_relay.uplink.mqtt import Uplink
+from edge_relay.uplink.pacer import Pacer
 
 T0 = 1_800_000_000.0
 OVERHEAD = 96  # the pacer's estimate of one publication's framing

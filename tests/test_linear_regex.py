@@ -1,4 +1,4 @@
-"""``edge_relay.linear_regex``: the same whole-string matches as ``relabel.compile_regex`` (``re`` on the
+"""``relay_common.regex``: the same whole-string matches as ``relabel.compile_regex`` (``re`` on the
 RE2 translation), without backtracking, for the regexes of backfill requests."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge_relay.backfill import SelectorError, parse_selector
-from edge_relay.linear_regex import MAX_INSTRUCTIONS, LinearRegex
-from edge_relay.relabel import RelabelError, compile_regex
+from relay_common.regex import MAX_INSTRUCTIONS, LinearRegex
+from relay_common.relabel import RelabelError, compile_regex
+from relay_common.selector import SelectorError, parse_selector
 
 _ATOMS = ["a", "b", "ab", ".", "[ab]", "[^a]", "[a-c]", r"\d", r"\w", r"\s", r"\b", r"\B", "^", "$", r"\A"]
 _ATOMS += [r"\z", "x?", "", "é", r"\n", r"[[:alpha:]]", "[^\n]"]

@@ -1,4 +1,4 @@
-"""The relay caps glibc's malloc arenas at start (``edge_relay.relay.limit_malloc_arenas``): threads
+"""The relay caps glibc's malloc arenas at start (``edge_relay.app.limit_malloc_arenas``): threads
 that allocate at the same time then share one arena instead of keeping a peak each. Checked in a child
 process, by what glibc's own ``malloc_stats`` reports."""
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="mallo
 # per-arena report on stderr.
 CHILD = """
 import ctypes, sys, threading
-from edge_relay.relay import limit_malloc_arenas
+from edge_relay.app import limit_malloc_arenas
 print(limit_malloc_arenas(), flush=True)
 barrier = threading.Barrier(4)
 kept = []

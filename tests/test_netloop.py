@@ -1,4 +1,4 @@
-"""``edge_relay.netloop.WakeableLoop`` against a real mosquitto: paho driven through its external-loop
+"""``edge_relay.uplink.netloop.WakeableLoop`` against a real mosquitto: paho driven through its external-loop
 API reads, writes (also what a callback queued) and keeps alive like ``Client.loop``, and ``wake()``
 from another thread ends a turn at once. The uplink built on it: test_uplink.py,
 ``test_idle_uplink_sleeps_and_publishes_a_kicked_row_at_once``."""
@@ -14,7 +14,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from edge_relay.netloop import WakeableLoop
+from edge_relay.uplink.netloop import WakeableLoop
 from testkit.services import Mosquitto
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""Tests for edge_relay.parse: text format 0.0.4, OpenMetrics 1.0, the series cache, errors."""
+"""Tests for edge_relay.collect.parse: text format 0.0.4, OpenMetrics 1.0, the series cache, errors."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from prometheus_client.openmetrics.parser import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from edge_relay.parse import (
+from edge_relay.collect.parse import (
     ParseError,
     SampleLimitExceeded,
     SeriesCache,

@@ -1,4 +1,4 @@
-"""Memory the parser may spend on one body (edge_relay/parse.py; issue 12 item 13).
+"""Memory the parser may spend on one body (edge_relay/collect/parse.py; issue 12 item 13).
 
 8 MiB of ``a 1`` lines grew the relay's RSS by 353 MiB: the body was split into one string per line,
 every sample was parsed, and only then was the count compared with ``sample_limit``. Now the body is
@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import pytest
 
-from edge_relay.parse import ParseDeadlineExceeded, SampleLimitExceeded, SeriesCache, parse
+from edge_relay.collect.parse import ParseDeadlineExceeded, SampleLimitExceeded, SeriesCache, parse
 
 LIMIT = 200_000  # the shipped scrape.sample_limit
 MiB = 1 << 20

@@ -260,7 +260,7 @@ def test_recording_rules_read_only_series_the_vendor_presets_match() -> None:
 
 def _promtool_series(body: list[bytes], extra: dict[str, str]) -> list[dict[str, str]]:
     """One promtool input series per exposition series, its values one per tick (1 min apart)."""
-    from edge_relay.parse import parse
+    from edge_relay.collect.parse import parse
 
     values: dict[tuple[tuple[str, str], ...], list[str]] = {}
     for tick, payload in enumerate(body):

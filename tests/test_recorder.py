@@ -23,20 +23,28 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge_relay import recorder as recorder_mod
 from edge_relay import settings as relay_settings
-from edge_relay import status_cmd, statusview
-from edge_relay.encode import BatchEncoder, decode_stage, to_batch
+from edge_relay.app import Relay
+from edge_relay.collect.shape import ShapedScrape
+from edge_relay.commands import status as status_cmd
+from edge_relay.commands import statusview
+from edge_relay.encode.batches import BatchEncoder, decode_stage, to_batch
 from edge_relay.ledger import LossLedger
-from edge_relay.recorder import _COMPACT_RECHECK_BLOCKS, KIND_CYCLE, KIND_ENVELOPE, FlightRecorder, Gap, gaps
-from edge_relay.relay import Relay
-from edge_relay.retention import Policy, Retention
+from edge_relay.recorder import flight as recorder_mod
+from edge_relay.recorder.flight import (
+    _COMPACT_RECHECK_BLOCKS,
+    KIND_CYCLE,
+    KIND_ENVELOPE,
+    FlightRecorder,
+    Gap,
+    gaps,
+)
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.shape import ShapedScrape
-from edge_relay.sink import SpoolSink
-from edge_relay.spool import Spool
-from edge_relay.spool.recorder import NewBlock, _free_bytes
-from edge_relay.status import StatusReport
+from edge_relay.store.retention import Policy, Retention
+from edge_relay.store.sink import SpoolSink
+from edge_relay.store.spool import Spool
+from edge_relay.store.spool.recorder import NewBlock, _free_bytes
+from edge_relay.uplink.status import StatusReport
 from schemas import codec
 from schemas.model import STALE_NAN, Batch, Labels, ScrapeBlock, float_bits, is_stale
 from testkit.exporters import ScriptedExporter

@@ -1,4 +1,4 @@
-"""Tests of edge_relay/relabel.py and where the relay applies it (settings, shape, TargetLoop).
+"""Tests of relay_common/relabel.py and where the relay applies it (settings, shape, TargetLoop).
 
 The comparison with a real Prometheus is tests/test_relabel_prometheus.py; these pin the semantics
 rule by rule, the RE2 translation construct by construct, and the config errors.
@@ -20,12 +20,20 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from edge_relay import settings as settings_mod
-from edge_relay.parse import SeriesCache, parse
-from edge_relay.relabel import RelabelError, Rule, apply, compile_regex, compile_rules, relabel, translate_re2
-from edge_relay.relay import TargetLoop
+from edge_relay.app import TargetLoop
+from edge_relay.collect.parse import SeriesCache, parse
+from edge_relay.collect.shape import TargetShaper
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.shape import TargetShaper
 from relay_common.config import ConfigError
+from relay_common.relabel import (
+    RelabelError,
+    Rule,
+    apply,
+    compile_regex,
+    compile_rules,
+    relabel,
+    translate_re2,
+)
 from schemas.codec import Limits
 from schemas.model import Labels
 

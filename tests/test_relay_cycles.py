@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from edge_relay import settings as relay_settings
-from edge_relay.relay import Relay
+from edge_relay.app import Relay
+from edge_relay.collect.shape import ShapedScrape
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.shape import ShapedScrape
-from edge_relay.uplink import Uplink
+from edge_relay.uplink.mqtt import Uplink
 from schemas import codec
 from schemas.model import Labels
 from testkit.exporters import ScriptedExporter

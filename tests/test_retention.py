@@ -9,9 +9,9 @@ from array import array
 from collections import Counter
 from pathlib import Path
 
-from edge_relay.encode import BatchEncoder
-from edge_relay.retention import Policy, Retention, describe, downsample
-from edge_relay.spool import Spool
+from edge_relay.encode.batches import BatchEncoder
+from edge_relay.store.retention import Policy, Retention, describe, downsample
+from edge_relay.store.spool import Spool
 from schemas import codec
 from schemas.model import STALE_NAN, Batch, Labels, ScrapeBlock, float_bits, is_stale
 

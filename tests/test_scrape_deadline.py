@@ -1,4 +1,5 @@
-"""The scrape deadline and the scraper's HTTP client (edge_relay/scrape.py), against real HTTP servers.
+"""The scrape deadline and the scraper's HTTP client (edge_relay/collect/scrape.py), against real HTTP
+servers.
 
 Issue 12 item 12: the deadline was checked only between body chunks, so an exporter trickling one byte
 every 0.5 s behind a large Content-Length held its scrape, and the relay's whole cycle, far past the
@@ -24,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from edge_relay import settings as relay_settings
-from edge_relay.scrape import Scraper
+from edge_relay.collect.scrape import Scraper
+from edge_relay.collect.shape import ShapedScrape
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.shape import ShapedScrape
 from schemas.model import metric_name
 
 TIMEOUT_S = 1.0
@@ -226,7 +227,7 @@ def test_a_trickling_target_does_not_hold_up_the_others(
 ) -> None:
     """The relay's cycle, two targets: the trickling one fails with up 0 at its deadline, the good one's
     samples are in the same cycle, and the cycle ends within the timeout plus a margin."""
-    from edge_relay.relay import Relay
+    from edge_relay.app import Relay
 
     slow = raw_server(trickle_body)
     config = tmp_path / "relay.yaml"

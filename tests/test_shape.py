@@ -1,4 +1,5 @@
-"""Tests of edge_relay/shape.py: target labels, synthetic series, staleness, duplicates, label limits."""
+"""Tests of edge_relay/collect/shape.py: target labels, synthetic series, staleness, duplicates, label
+limits."""
 
 from __future__ import annotations
 
@@ -10,9 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_relay import relabel
-from edge_relay.encode import to_batch
-from edge_relay.shape import (
+from edge_relay.collect.shape import (
     DECORATE_GENERATION,
     ParsedSample,
     ShapedScrape,
@@ -20,6 +19,8 @@ from edge_relay.shape import (
     fill_labels_for,
     total_samples,
 )
+from edge_relay.encode.batches import to_batch
+from relay_common import relabel
 from schemas import codec
 from schemas.codec import DEFAULT_LIMITS, Limits, SeriesChecker
 from schemas.model import STALE_NAN_BITS, Labels, float_bits, is_stale

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from edge_relay.budget import Budget, ClassPolicy, Matcher, UplinkBudget
 from edge_relay.budget.shaper import BudgetShaper, ClassStats
-from edge_relay.encode import to_batch
-from edge_relay.shape import ShapedScrape
+from edge_relay.collect.shape import ShapedScrape
+from edge_relay.encode.batches import to_batch
 from schemas import codec
 from schemas.model import STALE_NAN, STALE_NAN_BITS, Labels, float_bits, is_stale
 

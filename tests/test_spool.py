@@ -1,4 +1,4 @@
-"""Tests of edge_relay/spool.py: seq allocation, integrity, recovery, caps, threads, kill -9."""
+"""Tests of edge_relay/store/spool.py: seq allocation, integrity, recovery, caps, threads, kill -9."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from edge_relay.ledger import LossReason, LossRecord
-from edge_relay.spool import (
+from edge_relay.store.spool import (
     SCHEMA_VERSION,
     InFlight,
     Replacement,
@@ -577,7 +577,7 @@ def test_concurrent_append_and_ack_loses_and_duplicates_nothing(spool_path: Path
 
 _CHILD = r"""
 import os, random, sys
-from edge_relay.spool import Spool
+from edge_relay.store.spool import Spool
 
 path, seed, log_path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 rng = random.Random(seed)

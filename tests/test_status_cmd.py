@@ -28,10 +28,10 @@ import yaml
 from prometheus_client import generate_latest
 
 from edge_relay import cli, settings, status_cmd, statusview
+from edge_relay.commands.status import Reading, SpoolView
 from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.spool import Spool
-from edge_relay.status_cmd import Reading, SpoolView
+from edge_relay.store.spool import Spool
 from testkit.rw_mock import MockReceiver, Reply
 from testkit.services import Mosquitto, ServiceFactory, free_port
 from testkit.stack import Program, ingest_config, program, relay_config

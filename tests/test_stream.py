@@ -1,4 +1,4 @@
-"""Stream coding at publication (``edge_relay.stream``): every spooled batch reaches a decoder exactly,
+"""Stream coding at publication (``edge_relay.uplink.stream``): every spooled batch reaches a decoder exactly,
 whatever state the decoder loses and whatever frames the link loses; ``need_state`` and a rejected v3
 frame keep the row and send it again self-contained; a rejected spooled batch is a loss, ledgered."""
 
@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge_relay.acks import apply_ack
 from edge_relay.ledger import LossLedger
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.spool import InFlight, SendQueue, Spool
-from edge_relay.spool.schema import SpoolRow
-from edge_relay.stream import RecentBatches, StreamCoder
+from edge_relay.store.spool import InFlight, SendQueue, Spool
+from edge_relay.store.spool.schema import SpoolRow
+from edge_relay.uplink.acks import apply_ack
+from edge_relay.uplink.stream import RecentBatches, StreamCoder
 from schemas import codec
 from schemas.codec import Ack, AckResult
 from schemas.codec.envelope import _open_envelope

@@ -2,7 +2,7 @@
 decoder state is lost.
 
 Without a budget file the relay publishes every scrape cycle at once as a v3 frame coded against the
-frame it published before (``docs/stream-codec.md``, ``edge_relay/stream.py``): a delta frame decodes
+frame it published before (``docs/stream-codec.md``, ``edge_relay/uplink/stream.py``): a delta frame decodes
 only on an ingester that holds its base state. An ingester lacking it acks ``need_state`` and the relay
 publishes that batch again self-contained, its next frame being a key frame: losing state costs bytes,
 never samples. Each scenario runs the product as operators do (simulator -> ``edge-relay run`` ->

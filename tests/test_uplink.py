@@ -1,4 +1,4 @@
-"""Integration tests of stage 6, ``edge_relay.uplink.Uplink``.
+"""Integration tests of stage 6, ``edge_relay.uplink.mqtt.Uplink``.
 
 The uplink talks to a real mosquitto (``testkit/services.py``); the cloud is faked in the test with
 paho-mqtt: it subscribes to the node's batch topic and publishes application acks on the ack topic,
@@ -30,13 +30,13 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from edge_relay.budget.pacer import Pacer, TokenBucket, WireMeter, tcp_bytes
 from edge_relay.ledger import LossLedger
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
-from edge_relay.spool import InFlight, SendQueue, Spool
-from edge_relay.status import StatusReport
-from edge_relay.uplink import Uplink
+from edge_relay.store.spool import InFlight, SendQueue, Spool
+from edge_relay.uplink.mqtt import Uplink
+from edge_relay.uplink.pacer import Pacer, TokenBucket, WireMeter, tcp_bytes
+from edge_relay.uplink.status import StatusReport
 from schemas import codec, topics
 from schemas.codec import AckResult, AckResultKind
 from schemas.model import Batch, ScrapeBlock
@@ -694,9 +694,9 @@ import json, sys, time
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.ledger import LossLedger
 from edge_relay.settings import MQTT
-from edge_relay.spool import InFlight, SendQueue, Spool
-from edge_relay.status import StatusReport
-from edge_relay.uplink import Uplink
+from edge_relay.store.spool import InFlight, SendQueue, Spool
+from edge_relay.uplink.status import StatusReport
+from edge_relay.uplink.mqtt import Uplink
 
 args = json.loads(sys.argv[1])
 spool = Spool(args["spool"])

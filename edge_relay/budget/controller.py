@@ -2,7 +2,7 @@
 
 Two mechanisms, one hard and one adaptive:
 
-- **Pacing (hard).** The uplink publishes through the pacer (``edge_relay.budget.pacer``), a token
+- **Pacing (hard).** The uplink publishes through the pacer (``edge_relay.uplink.pacer``), a token
   bucket of the rate and burst this controller sets every cycle, charged with the bytes the kernel
   counted on the broker connection (both directions: batches, MQTT framing, acks, status messages,
   retransmissions, TLS). Over any period T the connection carries at most ``burst + rate x T`` plus one
@@ -35,11 +35,11 @@ from typing import TYPE_CHECKING
 
 from edge_relay.budget.model import Budget
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.spool import MetaTable
+from edge_relay.store.spool import MetaTable
 
 if TYPE_CHECKING:
-    from edge_relay.budget.pacer import Pacer
     from edge_relay.budget.shaper import BudgetShaper
+    from edge_relay.uplink.pacer import Pacer
 
 log = logging.getLogger("edge_relay.budget.controller")
 

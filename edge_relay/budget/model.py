@@ -2,9 +2,9 @@
 
 Format and meaning of every key: ``schemas/bandwidth-budget.schema.json`` (and README, "Bandwidth
 budget file reference"). This module only loads and validates the file into the typed objects below
-(``UplinkBudget`` is the file's ``uplink`` section, not to be confused with ``edge_relay.uplink.Uplink``,
+(``UplinkBudget`` is the file's ``uplink`` section, not to be confused with ``edge_relay.uplink.mqtt.Uplink``,
 the MQTT client); ``edge_relay.budget.shaper`` applies the classes, ``edge_relay.budget.controller``
-and ``edge_relay.budget.pacer`` enforce the uplink figures.
+and ``edge_relay.uplink.pacer`` enforce the uplink figures.
 
 Loading goes through ``relay_common.config`` (YAML, JSON Schema, defaults from the schema); the rules a
 schema cannot express are checked here, and every error names the file, the key path and what was
@@ -24,8 +24,8 @@ from functools import cache
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from edge_relay.anomaly import AnomalyConfig
-from edge_relay.anomaly import parse_config as parse_anomaly
+from edge_relay.anomaly.detector import AnomalyConfig
+from edge_relay.anomaly.detector import parse_config as parse_anomaly
 from relay_common import config as config_loader
 from relay_common.config import ConfigError
 from schemas.model import Labels, metric_name
@@ -170,7 +170,9 @@ class Budget:
     source: str  # the file it came from (for messages)
     uplink: UplinkBudget
     classes: tuple[ClassPolicy, ...]  # priority order, most important first; the last matches all
-    anomaly: AnomalyConfig | None = None  # the `anomaly` section; None: no detection (edge_relay.anomaly)
+    anomaly: AnomalyConfig | None = (
+        None  # the `anomaly` section; None: no detection (edge_relay.anomaly.detector)
+    )
     _cache: dict[Labels, int] = field(default_factory=dict, compare=False, repr=False)
 
     def allowed_bytes_per_second(self, now: float, used_today_bytes: int = 0) -> int:

@@ -21,16 +21,16 @@ from array import array
 from collections.abc import Callable
 from dataclasses import replace
 
-from edge_relay.anomaly import Detector, Event, gpu_label
-from edge_relay.anomaly_node import NODE_KEY
+from edge_relay.anomaly.detector import Detector, Event, gpu_label
+from edge_relay.anomaly.node import NODE_KEY
 from edge_relay.budget.controller import Controller
 from edge_relay.budget.model import PRESET_COUNTERS, ConfigError, load
-from edge_relay.budget.pacer import Pacer
 from edge_relay.budget.shaper import BudgetShaper
-from edge_relay.encode import BatchEncoder
+from edge_relay.collect.shape import ShapedScrape
+from edge_relay.encode.batches import BatchEncoder
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.shape import ShapedScrape
-from edge_relay.spool import MetaTable
+from edge_relay.store.spool import MetaTable
+from edge_relay.uplink.pacer import Pacer
 from schemas.codec import FORMAT_V2
 
 log = logging.getLogger("edge_relay.budget")

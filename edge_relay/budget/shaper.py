@@ -1,6 +1,6 @@
 """The shape stage's bandwidth-budget part: ``BudgetShaper`` applies the budget's classes to scrapes.
 
-It runs after ``edge_relay.shape.TargetShaper`` on every target's output: per series,
+It runs after ``edge_relay.collect.shape.TargetShaper`` on every target's output: per series,
 wall-clock-aligned windows of the class resolution (doubled by the controller's level) emit one
 aggregate at the time of the window's last sample; counters keep the samples that make ``rate()`` and
 ``increase()`` exact across resets; precision rounding and heartbeat suppression of unchanged values.
@@ -28,7 +28,7 @@ from array import array
 from dataclasses import dataclass
 
 from edge_relay.budget.model import Budget, ClassPolicy, is_counter
-from edge_relay.shape import ShapedScrape
+from edge_relay.collect.shape import ShapedScrape
 from schemas.model import Labels, is_stale, metric_name
 
 _NAN = float("nan")
@@ -219,8 +219,9 @@ class BudgetShaper:
         self._call = 0
         self._swept = 0
         self._all_fast = True
-        # Series an anomaly window holds at full resolution (``edge_relay.anomaly``): exact label sets,
-        # so every other series pays one test of an (almost always empty) set, on the stateful path only.
+        # Series an anomaly window holds at full resolution (``edge_relay.anomaly.detector``): exact label
+        # sets, so every other series pays one test of an (almost always empty) set, on the stateful
+        # path only.
         self.override: frozenset[Labels] = frozenset()
         self.override_samples = 0  # sent at full resolution because of the override
         self.set_budget(budget)

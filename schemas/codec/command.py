@@ -5,8 +5,8 @@ Both sides treat the other's message as hostile: a size cap before parsing, know
 ranges checked, and every refusal a ``DecodeError`` whose ``reason`` is one of ``limits.REASONS``
 (``malformed``, ``oversized``, ``unknown_version``, ``bad_header``, ``bad_timestamp``). The request's
 range is checked against the decoder's clock: ``from_ms < to_ms``, at most ``MAX_RANGE_MS`` long, not
-ending more than ``MAX_FUTURE_MS`` ahead. The selector is only capped in length here; its grammar is the
-relay's (``edge_relay.backfill.parse_selector``), which refuses a bad one with a reason in the result.
+ending more than ``MAX_FUTURE_MS`` ahead. The selector is only capped in length here; its grammar is
+``relay_common.selector``'s, which refuses a bad one with a reason in the result.
 """
 
 from __future__ import annotations

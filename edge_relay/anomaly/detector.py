@@ -1,0 +1,482 @@
+"""Anomaly detection on the raw scrapes, and the full-resolution windows a detection opens.
+
+Runs per GPU, and per node, on every cycle's scrapes after ``TargetShaper`` and before
+``BudgetRuntime.shape`` (the same scrapes the flight recorder keeps). Measured choice
+(``docs/anomaly-detection.md``): the preset's **rules** (any increase of XID / ECC / remapped-row /
+throttle-reason counters; temperature, power or memory over a threshold or rising faster than a slope)
+or-ed with an **EWMA z-score** over the GPU's signals. Standard library only: the sidecar core must not
+need river or scikit-learn. What a scrape says about a GPU (the vendors' tables, ``take``, the score)
+is ``edge_relay.anomaly.signals``; the node's own detector (node-exporter and Kepler's node power:
+temperature, available memory, memory stalls, power; the same score) is ``edge_relay.anomaly.node``,
+keyed ``node`` (``NODE_KEY``) where a GPU's key is ``vendor:label``.
+
+On a detection the caller (``Relay``) gets an ``Event``; this module keeps the GPU's (or the node's)
+window open until ``post_seconds`` after its last detection and exposes ``override``: the label sets of
+the windowed GPUs' series (the node's: its ``node_*`` / ``kepler_node_*`` series, not the GPUs'), which
+``BudgetShaper`` passes at full resolution (its cost per sample is unchanged for every other series:
+one test of an empty set). The past part (``pre_seconds`` before the event) comes from the flight
+recorder (``match`` gives the GPU's or the node's series): ``PastParts`` spools it through the sink at
+``reserved_share`` of the allowed rate. Per scraped sample the detector costs ~0.2 us (a cached label
+set -> GPU lookup; the simulator's 1,400 series in ~0.2 ms a cycle).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from edge_relay.anomaly.node import (
+    NODE_KEY,
+    SIGNAL_METRICS,
+    NodeConfig,
+    NodeState,
+    is_node_series,
+    node_score_threshold,
+    parse_node_config,
+)
+from edge_relay.anomaly.signals import (
+    DEFAULT_THRESHOLDS,
+    KEPLER_POD,
+    PRESET_VENDOR,
+    SCORE_DEBOUNCE,
+    THRESHOLD_KEYS,
+    VENDORS,
+    Ewma,
+    Thresholds,
+    gpu_key,
+    take,
+    vendor_of,
+)
+from relay_common.config import ConfigError
+from schemas.model import Labels, metric_name
+
+log = logging.getLogger("edge_relay.anomaly")
+
+MAX_GPUS: Final = 64  # per node: label churn must not grow the state without bound
+
+
+@dataclass(frozen=True, slots=True)
+class AnomalyConfig:
+    """The budget file's ``anomaly`` section."""
+
+    enabled: bool = True
+    presets: tuple[str, ...] = VENDORS
+    score: str = "ewma"  # ewma | none
+    score_threshold: float = 8.4  # the bench's busy-day calibration (0.25 false events / GPU-hour)
+    pre_seconds: float = 120.0
+    post_seconds: float = 300.0
+    reserved_share: float = 0.2
+    max_windows: int = 4
+    # A window a steady condition keeps extending (a GPU that simply holds most of its memory) closes
+    # after this long and stays closed while the condition lasts: it must not hold a max_windows slot,
+    # and the raw samples it costs, for ever.
+    max_window_seconds: float = 1800.0
+    thresholds: Mapping[str, Thresholds] = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
+    node: NodeConfig = field(default_factory=NodeConfig)  # the node's own detector (anomaly.node)
+
+
+def _error(source: str, key: str, message: str) -> ConfigError:
+    return ConfigError(f"{source}: invalid budget:\n  key `{key}`: {message}")
+
+
+def parse_config(
+    raw: Mapping[str, Any] | None, class_presets: Iterable[str], source: str
+) -> AnomalyConfig | None:
+    """``anomaly`` (already schema-checked) as ``AnomalyConfig``; None without the section (the relay
+    then runs no detection at all, exactly as before it existed)."""
+    if raw is None:
+        return None
+    vendors = sorted({PRESET_VENDOR[p] for p in class_presets if p in PRESET_VENDOR}, key=VENDORS.index)
+    presets = tuple(raw.get("presets") or vendors or VENDORS)
+    pre, post = float(raw.get("pre_seconds", 120)), float(raw.get("post_seconds", 300))
+    if pre + post <= 0:
+        raise _error(source, "anomaly.post_seconds", "expected pre_seconds + post_seconds > 0 (a window)")
+    share = float(raw.get("reserved_share", 0.2))
+    if not 0 < share < 1:
+        raise _error(source, "anomaly.reserved_share", f"expected a share in (0, 1), got {share:g}")
+    overrides = raw.get("thresholds", {})
+    thresholds: dict[str, Thresholds] = {}
+    for vendor, base in DEFAULT_THRESHOLDS.items():
+        values = {k: getattr(base, k) for k in THRESHOLD_KEYS}
+        for k, v in overrides.items():
+            values[k] = None if v is None else float(v)
+        for k in ("power_fraction", "memory_fraction"):
+            if not 0 < values[k] <= 1.5:  # type: ignore[operator]
+                raise _error(
+                    source, f"anomaly.thresholds.{k}", f"expected a fraction in (0, 1.5], got {values[k]}"
+                )
+        if values["slope_seconds"] is None or values["slope_seconds"] <= 0:
+            raise _error(source, "anomaly.thresholds.slope_seconds", "expected a positive number of seconds")
+        if values["gpu_temp_c"] is None or values["temp_slope_c"] is None:
+            raise _error(source, "anomaly.thresholds", "gpu_temp_c and temp_slope_c cannot be null")
+        thresholds[vendor] = Thresholds(**values)  # type: ignore[arg-type]
+    return AnomalyConfig(
+        enabled=bool(raw.get("enabled", True)),
+        presets=presets,
+        score=str(raw.get("score", "ewma")),
+        score_threshold=float(raw.get("score_threshold", 8.4)),
+        pre_seconds=pre,
+        post_seconds=post,
+        reserved_share=share,
+        max_windows=int(raw.get("max_windows", 4)),
+        max_window_seconds=float(raw.get("max_window_seconds", 1800)),
+        thresholds=thresholds,
+        node=parse_node_config(raw.get("node"), lambda key, message: _error(source, key, message)),
+    )
+
+
+def gpu_label(key: str) -> str:
+    """A detector's key as the metrics' ``gpu`` label: the GPU's (``dcgm:1`` -> ``1``), ``node``."""
+    return key.partition(":")[2] or key
+
+
+@dataclass(slots=True)
+class Event:
+    """One detection: on which GPU (or the node), why, and the window it opens."""
+
+    gpu: str  # vendor:key, e.g. dcgm:1; the node's detector: "node" (NODE_KEY)
+    kind: str  # thermal | power | memory | xid | ecc | remap | throttle | score
+    rule: str  # e.g. gpu_temp>=85, temp_slope, xid=94, throttle=0x20, ewma>8.4, node_temp_slope
+    at_ms: int
+    score: float
+    window_end_ms: int
+    opened: bool = True  # False: max_windows were open, no window for this one
+    missing: str = ""  # what the recorder could not supply for the past part (set by the relay)
+
+    @property
+    def scope(self) -> str:
+        """``node`` for the node's detector, ``gpu`` for a GPU's."""
+        return "node" if self.gpu == NODE_KEY else "gpu"
+
+    def describe(self) -> str:
+        return f"gpu={self.gpu} kind={self.kind} rule={self.rule} at_ms={self.at_ms}"
+
+
+class _Gpu:
+    """One GPU's detector state and its series."""
+
+    def __init__(self, key: str, vendor: str, th: Thresholds) -> None:
+        self.key = key
+        self.vendor = vendor
+        self.th = th
+        self.prev_counters: dict[tuple[str, Labels], float] = {}
+        self.prev_xid = 0.0
+        self.prev_status: dict[Labels, float] = {}
+        self.hist: deque[tuple[int, float, float]] = deque(maxlen=32)  # (ts, temp, fb)
+        self.hot = self.capped = self.over_score = self.violating = 0
+        self.ewma = Ewma()
+        self.score = 0.0
+        self.series: set[Labels] = set()
+        self.window_end_ms = 0  # full resolution until then (0: no window)
+        self.window_start_ms = 0  # the scrape that opened it
+        # An event refused for max_windows, or a window closed at max_window_seconds: no new one while
+        # it keeps firing.
+        self.quiet_until_ms = 0
+
+    def evaluate(
+        self, ts: int, x: dict[str, float], fired: list[tuple[str, str]], cfg: AnomalyConfig
+    ) -> None:
+        th = self.th
+        temp, mem_temp, power, fb = x.get("temp"), x.get("mem_temp"), x.get("power"), x.get("fb")
+        self.hot = self.hot + 1 if (temp is not None and temp >= th.gpu_temp_c) else 0
+        if self.hot >= 2:
+            fired.append(("thermal", f"gpu_temp>={th.gpu_temp_c:g}"))
+        if mem_temp is not None and th.memory_temp_c is not None and mem_temp >= th.memory_temp_c:
+            fired.append(("thermal", f"memory_temp>={th.memory_temp_c:g}"))
+        limit = x.get("power_limit") or th.power_limit
+        self.capped = (
+            self.capped + 1 if (power is not None and limit and power >= th.power_fraction * limit) else 0
+        )
+        if self.capped >= 3:
+            fired.append(("power", f"power>={th.power_fraction:g}xlimit"))
+        # AMD: the share of time the GPU was held back (PPT, socket / HBM / VR thermal), for 3 scrapes.
+        violation = x.get("violation")
+        self.violating = self.violating + 1 if (violation is not None and violation >= 10) else 0
+        if self.violating >= 3:
+            fired.append(("throttle", "violation_residency>=10%"))
+        total = x.get("fb_total")
+        if total is None and fb is not None and "fb_free" in x:
+            total = fb + x["fb_free"] + x.get("fb_reserved", 0.0)
+        if fb is not None and total and fb >= th.memory_fraction * total:
+            fired.append(("memory", f"memory>={th.memory_fraction:g}xtotal"))
+        if temp is not None or fb is not None:
+            self.hist.append((ts, temp if temp is not None else math.nan, fb if fb is not None else math.nan))
+        h = self.hist
+        if temp is not None and len(h) >= 2:
+            # The rise over the last slope_seconds (the bench: +4.5 °C in 15 s, three 5 s scrapes).
+            since = ts - th.slope_seconds * 1000
+            old = next((t for s, t, _ in h if s >= since - 1 and t == t), None)
+            if old is not None and h[0][0] <= since + 1 and temp - old >= th.temp_slope_c:
+                fired.append(("thermal", "temp_slope"))
+        if len(h) >= 13 and total:
+            # Memory used climbing steadily for a minute: >= 5 % of the total, 10 of 12 steps up, no
+            # step over 40 % of the rise (a model loading is one or two jumps, a leak is steady).
+            last = [f for _, _, f in list(h)[-13:]]
+            if all(f == f for f in last):
+                steps = [b - a for a, b in itertools.pairwise(last)]
+                rise = last[-1] - last[0]
+                ups = sum(d > 0.001 * total for d in steps)
+                if rise >= 0.05 * total and ups >= 10 and max(steps) <= 0.4 * rise:
+                    fired.append(("memory", "memory_climb"))
+        if cfg.score == "ewma":
+            self.score = self.ewma.score(x)
+            self.over_score = self.over_score + 1 if self.score > cfg.score_threshold else 0
+            if self.over_score >= SCORE_DEBOUNCE:
+                fired.append(("score", f"ewma>{cfg.score_threshold:g}"))
+
+
+_POD: Final = "~pod"  # the label-set cache's mark for those
+_NODE_HELD: Final = "~node"  # a node series no node signal reads: only its window holds it
+
+
+def _pod_series(windowed: Sequence[_Gpu], kepler: Sequence[Labels]) -> None:
+    """Adds to each windowed NVIDIA GPU's series Kepler's GPU series of the pod dcgm names on it:
+    dcgm's ``pod`` / ``namespace`` are Kepler's ``pod_name`` / ``pod_namespace``; the pod's ``pod_id``
+    finds its containers, their ``container_id`` its processes. Only while a window is open."""
+    by_pod: dict[tuple[str, str], _Gpu] = {}
+    for g in windowed:
+        for ls in g.series:
+            d = dict(ls)
+            if d.get("pod") and d["__name__"].startswith("DCGM_"):
+                by_pod[(d["pod"], d.get("namespace", ""))] = g
+    if not by_pod:
+        return
+    by_pod_id: dict[str, _Gpu] = {}
+    by_container: dict[str, _Gpu] = {}
+    rows = [(dict(ls), ls) for ls in kepler]
+    for kind in ("pod", "container", "process"):
+        for d, ls in rows:
+            if not d["__name__"].startswith(f"kepler_{kind}_"):
+                continue
+            g = by_pod.get((d.get("pod_name", ""), d.get("pod_namespace", "")))
+            if kind == "pod" and g is not None and d.get("pod_id"):
+                by_pod_id[d["pod_id"]] = g
+            if g is None and kind != "process":
+                g = by_pod_id.get(d.get("pod_id", ""))
+            if kind == "container" and g is not None and d.get("container_id"):
+                by_container[d["container_id"]] = g
+            if g is None and kind == "process":
+                g = by_container.get(d.get("container_id", ""))
+            if g is not None:
+                g.series.add(ls)
+
+
+class Detector:
+    """Per-GPU (and per-node) rules and score over each cycle's raw scrapes; the open windows and their
+    override."""
+
+    def __init__(self, cfg: AnomalyConfig, interval_s: float) -> None:
+        self.cfg = cfg
+        self.interval_ms = max(1, round(interval_s * 1000))
+        self._gpus: dict[str, _Gpu] = {}
+        self._vendors = frozenset(cfg.presets)
+        self.events_total = 0
+        self.last_event: Event | None = None
+        self.override: frozenset[Labels] = frozenset()  # series at full resolution now
+        self._keys: dict[Labels, str | None] = {}  # label set -> its GPU ("vendor:key"), None: no GPU's
+        self._node: NodeState | None = NodeState(cfg.node) if cfg.node.enabled else None
+
+    def _gpu_of(self, labels: Labels) -> str | None:
+        name = metric_name(labels)
+        if self._node is not None and is_node_series(name):
+            return NODE_KEY if name in SIGNAL_METRICS else _NODE_HELD
+        if "dcgm" in self._vendors and KEPLER_POD.fullmatch(name):
+            return _POD  # a workload's GPU series: the GPU is found through dcgm's pod (_pod_series)
+        vendor = vendor_of(name)
+        if vendor is None or vendor not in self._vendors:
+            return None
+        key = gpu_key(vendor, labels)
+        return None if key is None else f"{vendor}:{key}"
+
+    def set_config(self, cfg: AnomalyConfig) -> None:
+        self.cfg = cfg
+        self._vendors = frozenset(cfg.presets)
+        self._keys.clear()
+        for g in self._gpus.values():
+            g.th = cfg.thresholds[g.vendor]
+        if not cfg.node.enabled:
+            self._node = None
+        elif self._node is None:
+            self._node = NodeState(cfg.node)
+        else:
+            self._node.cfg = cfg.node  # its baseline and open window stay
+
+    @property
+    def gpus(self) -> Mapping[str, _Gpu]:
+        return self._gpus
+
+    @property
+    def node(self) -> NodeState | None:
+        """The node's detector (None: ``anomaly.node.enabled`` is false)."""
+        return self._node
+
+    def _units(self) -> list[_Gpu | NodeState]:
+        # A copy: the uplink's thread reads this for the status message while the loop may add a GPU.
+        units: list[_Gpu | NodeState] = list(self._gpus.values())
+        if self._node is not None:
+            units.append(self._node)
+        return units
+
+    def active_windows(self, now_ms: int) -> list[str]:
+        """The keys of the open windows: GPUs' (``vendor:key``) and the node's (``node``)."""
+        return [g.key for g in self._units() if g.window_end_ms > now_ms]
+
+    def match(self, gpu: str) -> Callable[[Labels], bool]:
+        """A recorder ``Match`` for the series of ``gpu`` (vendor:key): its own, and the workload series
+        its window holds now (Kepler's pod, container and process GPU series of the pod on it). For
+        ``node``: the node-level series (``is_node_series``), never a GPU's."""
+        if gpu == NODE_KEY:
+            node_held = frozenset(self._node.series) if self._node is not None else frozenset()
+            return lambda labels: labels in node_held or is_node_series(metric_name(labels))
+        vendor, _, key = gpu.partition(":")
+        g = self._gpus.get(gpu)
+        held = frozenset(g.series) if g is not None else frozenset()
+
+        def match(labels: Labels) -> bool:
+            return labels in held or (
+                vendor_of(metric_name(labels)) == vendor and gpu_key(vendor, labels) == key
+            )
+
+        return match
+
+    def observe(self, scrapes: Sequence[Any], now_ms: int) -> list[Event]:
+        """One cycle's raw scrapes (``ShapedScrape``s); returns the new events (at most one per GPU)."""
+        per_gpu: dict[str, tuple[int, dict[str, float]]] = {}
+        fired: dict[str, list[tuple[str, str]]] = {}
+        seen: dict[str, set[Labels]] = {}  # this cycle's series per GPU: what a window holds now
+        pods: list[Labels] = []  # Kepler's pod / container / process GPU series
+        node, node_seen = self._node, set()
+        node_ts: int | None = None
+        keys = self._keys
+        if len(keys) > 200_000:  # series churn must not grow the cache without bound
+            keys.clear()
+        for scrape in scrapes:
+            if not len(scrape):
+                continue
+            base = scrape.timestamp_ms
+            stamps = scrape.timestamps
+            for i, labels in enumerate(scrape.labels):
+                gid = keys.get(labels, "")
+                if gid == "":
+                    gid = keys[labels] = self._gpu_of(labels)
+                if gid is None:
+                    continue
+                if gid == _POD:
+                    pods.append(labels)
+                    continue
+                if gid == _NODE_HELD:
+                    node_seen.add(labels)
+                    continue
+                if gid == NODE_KEY:
+                    if node is not None:
+                        node_seen.add(labels)
+                        value = scrape.values[i]
+                        if value == value:
+                            ts = base if stamps is None else stamps[i]
+                            node_ts = ts if node_ts is None else node_ts
+                            node.take(metric_name(labels), labels, value, ts)
+                    continue
+                g = self._gpus.get(gid)
+                vendor = gid.partition(":")[0]
+                if g is None:
+                    if len(self._gpus) >= MAX_GPUS:
+                        continue
+                    g = self._gpus[gid] = _Gpu(gid, vendor, self.cfg.thresholds[vendor])
+                bucket = seen.get(gid)
+                if bucket is None:
+                    bucket = seen[gid] = set()
+                bucket.add(labels)
+                value = scrape.values[i]
+                if value != value:  # NaN / stale marker: no signal
+                    continue
+                ts = base if stamps is None else stamps[i]
+                _, x = per_gpu.setdefault(gid, (ts, {}))
+                take(g, vendor, metric_name(labels), labels, value, x, fired.setdefault(gid, []))
+        for gid, g in self._gpus.items():
+            g.series = seen.get(gid, set())
+        events: list[Event] = []
+        for gid, (ts, x) in per_gpu.items():
+            g = self._gpus[gid]
+            out = fired.setdefault(gid, [])
+            if (vendor_watts := x.pop("kepler_watts", None)) and "util" in x:
+                x["w_per_util"] = vendor_watts / max(x["util"], 5.0)
+            g.evaluate(ts, x, out, self.cfg)
+            if out and self.cfg.enabled:
+                ev = self._open(g, out, now_ms, ts)
+                if ev is not None:
+                    events.append(ev)
+        if node is not None:
+            node.series = node_seen
+            if node_ts is not None:
+                cfg = self.cfg
+                out = node.evaluate(cfg.score, node_score_threshold(cfg.node, cfg.score_threshold))
+                if out and cfg.enabled:
+                    ev = self._open(node, out, now_ms, node_ts)
+                    if ev is not None:
+                        events.append(ev)
+        # By this cycle's scrape time, not the clock: a scrape taken at window_end is still in the window.
+        cycle_ms = min((x.timestamp_ms for x in scrapes if len(x)), default=now_ms)
+        windowed = [g for g in self._gpus.values() if g.window_end_ms >= cycle_ms and g.vendor == "dcgm"]
+        if windowed and pods:
+            _pod_series(windowed, pods)
+        self.override = frozenset(s for g in self._units() if g.window_end_ms >= cycle_ms for s in g.series)
+        return events
+
+    def _open(self, g: _Gpu | NodeState, fired: list[tuple[str, str]], now_ms: int, ts: int) -> Event | None:
+        """A detection on ``g``: opens its window (an event), or extends the open one (no new event: one
+        incident fires its rules every scrape; the window's end moves, the count does not)."""
+        cfg = self.cfg
+        # From the scrape that showed it (its samples' timestamp), so the window is exact in the data.
+        end = ts + round(cfg.post_seconds * 1000)
+        if g.window_end_ms > now_ms:
+            if end - g.window_start_ms <= cfg.max_window_seconds * 1000:
+                g.window_end_ms = end
+            else:
+                # At its longest: it closes at its end as it stands, and no new one opens while this
+                # keeps firing (every detection moves the quiet period on).
+                if g.quiet_until_ms < g.window_end_ms:
+                    log.warning(
+                        "anomaly window on %s open for %.0fs and still firing: it closes at its end, no "
+                        "new window while it lasts (anomaly.max_window_seconds)",
+                        g.key,
+                        (ts - g.window_start_ms) / 1000,
+                    )
+                g.quiet_until_ms = end
+            return None
+        if g.quiet_until_ms > now_ms:
+            g.quiet_until_ms = end  # refused earlier and still firing: the same event, not a new one
+            return None
+        kind, rule = fired[0]
+        if len(self.active_windows(now_ms)) >= cfg.max_windows:
+            # Recorded (metrics, status), not widened: max_windows bounds what the uplink must carry.
+            log.warning("anomaly on %s (%s %s): %d windows already open, not widened", g.key, kind, rule,
+                        cfg.max_windows)  # fmt: skip
+            ev = Event(g.key, kind, rule, ts, g.score, 0, opened=False)
+            g.quiet_until_ms = end
+        else:
+            g.window_end_ms = end
+            g.window_start_ms = ts
+            ev = Event(g.key, kind, rule, ts, g.score, end)
+        self.events_total += 1
+        self.last_event = ev
+        return ev
+
+
+def status_fields(det: Detector, now_ms: int) -> dict[str, Any]:
+    """The detector's part of the status message: flat scalars within the status codec's limits."""
+    active = det.active_windows(now_ms)
+    out: dict[str, Any] = {"anomaly_events": det.events_total, "anomaly_windows": len(active)}
+    if active:
+        out["anomaly_open"] = ",".join(active)[:256]  # which: e.g. "dcgm:1,node"
+    ev = det.last_event
+    if ev is not None:
+        out["anomaly_last_ms"] = ev.at_ms
+        out["anomaly_last"] = ev.describe()[:256]
+        if ev.missing:
+            out["anomaly_last_missing"] = ev.missing[:256]
+    return out

@@ -1,0 +1,58 @@
+"""The node's retained status message body: spool depth, oldest unsent sample, losses, budget state.
+
+Built once from the parts it reports on and handed to the uplink, which publishes it on connect and
+every ``mqtt.status_interval_seconds`` (adding what only it knows, such as the batches in flight). The
+loss ledger's totals travel with it, so the cloud can tell "offline, data safe" from "data lost".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from edge_relay.budget.controller import Controller
+from edge_relay.ledger import LossLedger
+from edge_relay.store.spool import Spool
+
+
+class StatusReport:
+    def __init__(
+        self,
+        spool: Spool,
+        ledger: LossLedger,
+        controller: Controller | None,
+        anomaly: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
+        self._spool = spool
+        self._ledger = ledger
+        self._controller = controller
+        self._anomaly = (
+            anomaly  # anomaly_events, anomaly_windows, anomaly_last[_ms] (edge_relay.anomaly.detector)
+        )
+
+    def fields(self) -> dict[str, Any]:
+        st = self._spool.stats()
+        totals = self._ledger.totals()
+        status: dict[str, Any] = {
+            "spool_rows": st.rows,
+            "spool_bytes": st.bytes,
+            "spool_samples": st.samples,
+            "oldest_unsent_ms": st.oldest_first_ts_ms,
+            "quarantined_rows": st.quarantined_rows,
+            "lost_samples": sum(totals.values()),
+        }
+        if st.staged_rows:
+            status["staged_samples"] = st.staged_samples
+        # The flight recorder's span: how far back the node can answer at full resolution.
+        rec = self._spool.recorder.stats()
+        if rec.blocks:
+            status["recorder_bytes"] = rec.bytes
+            status["recorder_oldest_ms"] = rec.oldest_ts_ms
+        for reason, samples in totals.items():
+            status[f"lost_{reason}"] = samples
+        if self._controller is not None:
+            status.update(self._controller.status())
+        if self._anomaly is not None:
+            # Flat scalars the status decoder takes as unknown fields (older ingesters ignore them).
+            status.update(self._anomaly())
+        return status

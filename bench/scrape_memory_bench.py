@@ -42,7 +42,7 @@ def write_body(path: Path, kind: str, size: int) -> None:
 
 def one_case(url: str, sample_limit: int) -> dict[str, float]:
     """Runs in the child: one scrape of ``url`` through the relay's TargetLoop."""
-    from edge_relay.app import TargetLoop
+    from edge_relay.collect.targets import TargetLoop
     from edge_relay.selfmetrics import RelayMetrics
     from edge_relay.settings import Target
 

@@ -1,16 +1,19 @@
-"""``edge-relay run``: builds the stages in dependency order and runs the scrape loop.
+"""``edge-relay run``: builds the relay's parts in dependency order and runs the scrape loop.
 
-Stages in the order a sample passes them (one module each):
-``scrape`` -> ``parse`` -> ``shape`` (target labels, ``up``, stale markers; with a budget file also
-``budget.shaper``'s classes) -> ``encode`` -> ``spool`` (through ``sink``, and with a budget through
-``window``'s batch windows) -> ``uplink`` (through ``stream``: v3 frames in publication order).
-``Relay`` builds each part once, before the parts that need it, and hands it over: the spool and the
-ledger first, the flight recorder (a table of the spool), then retention, the stream coder and the sink
-(which hands the coder the batches it spooled), the budget (shaper, controller, and the pacer it shares
-with the uplink), the window, the status report, the command inbox and the backfiller (``backfill``:
-backfill requests the uplink receives, answered from the recorder through the sink), and last the
-uplink.
-Data flows one way; no part calls back into ``Relay``.
+The parts, in the order a sample passes them (a package each, with its design in its docstring):
+``collect`` (scrape -> parse -> relabel and shape, every target in parallel) -> ``budget`` (with a
+budget file: the anomaly detector on the raw scrapes, then the classes) -> ``encode`` (the cycle's
+lanes: live batches, or the open batch window) -> ``store`` (the spool through its sink, retention,
+held windows) -> ``uplink`` (MQTT, paced, stream-coded at publication). Beside the path: ``recorder``
+(every raw scrape for a bounded span, and backfill requests answered from it) and ``anomaly`` (the
+past part of each window the detector opens).
+
+``Relay`` builds each part once, before the parts that need it, and hands it what it needs: the spool
+and the ledger first, the recorder, retention, the sink, the budget (with the pacer it shares with the
+uplink, and the stream coder's wire estimate), the window and the lanes, the status report, the
+command inbox and the backfiller, and last the uplink. ``cycle`` calls each part once per tick and
+passes what one returns to the next; the decisions are the parts' own. Data flows one way; no part
+calls back into ``Relay``.
 
 Scrapes run on a fixed grid of ``interval_seconds``; all targets of one tick are scraped in parallel
 and their samples go into the spool before the uplink is woken. A cycle that overruns skips the grid
@@ -27,120 +30,38 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from edge_relay import settings as settings_mod
-from edge_relay.anomaly import detector as anomaly_mod
 from edge_relay.anomaly.pastparts import PastParts
 from edge_relay.budget.model import PRESET_COUNTERS
 from edge_relay.budget.runtime import BudgetRuntime
-from edge_relay.collect.parse import (
-    ParseDeadlineExceeded,
-    ParseError,
-    SampleLimitExceeded,
-    SeriesCache,
-    parse,
-)
-from edge_relay.collect.scrape import Fetched, Scraper
-from edge_relay.collect.shape import ShapedScrape, TargetShaper, fill_labels_for
+from edge_relay.collect.targets import Collector
 from edge_relay.commands import checkconfig
-from edge_relay.encode.batches import BatchEncoder, dedupe_window
+from edge_relay.encode.batches import BatchEncoder
+from edge_relay.encode.lanes import Lanes
 from edge_relay.encode.window import BatchWindow
-from edge_relay.ledger import LossLedger, LossReason
+from edge_relay.ledger import LossLedger
 from edge_relay.recorder.backfill import Backfiller, CommandInbox
 from edge_relay.recorder.flight import FlightRecorder
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.settings import Settings, Target
+from edge_relay.settings import Settings
 from edge_relay.store.held import HeldWindows
+from edge_relay.store.recent import RecentBatches
 from edge_relay.store.retention import Policy, Retention
 from edge_relay.store.sink import SpoolSink
 from edge_relay.store.spool import InFlight, SendQueue, Spool, SpoolError
 from edge_relay.uplink.mqtt import Uplink
 from edge_relay.uplink.pacer import Pacer
 from edge_relay.uplink.status import StatusReport
-from edge_relay.uplink.stream import RecentBatches, StreamCoder
+from edge_relay.uplink.stream import StreamCoder
 from relay_common.httpserver import MetricsServer
-from schemas import codec
-from schemas.model import Batch
 
 log = logging.getLogger("edge_relay")
-# Rows waiting at the end of a cycle up to which the live lane still spools the quick form (v1).
-_LIVE_WAITING_ROWS = 4
 # At most this long a cycle's housekeeping waits for its row to be published: the pass publishes the
 # fresh row first (~0.1 s of stream coding at 20,000 series), then backlog rows, which need not wait.
 _PUBLISH_WAIT_S = 0.5
 _GC_THRESHOLDS = (50_000, 20, 100)  # gen0 allocations, gen0 passes per gen1, gen1 passes per gen2
-
-
-class TargetLoop:
-    """Scrape -> parse -> shape for one target; state (caches, previous series) lives here."""
-
-    def __init__(self, target: Target, s: Settings, metrics: RelayMetrics) -> None:
-        self.target = target
-        self.metrics = metrics
-        self.sample_limit = s.sample_limit
-        self.timeout_s = s.timeout_seconds
-        self.scraper = Scraper(
-            target.url, fmt=target.format, timeout_s=s.timeout_seconds, body_limit_bytes=s.body_limit_bytes
-        )
-        self.cache = SeriesCache()
-        target_labels = {"job": target.job, "instance": target.instance, **target.labels}
-        self.shaper = TargetShaper(
-            target.name,
-            {k: v for k, v in target_labels.items() if v},  # relabel_configs may have removed `job`
-            fill_labels_for(s.cluster, s.node, s.add_node_labels, s.external_labels),
-            metric_relabel=target.metric_relabel,
-        )
-        self._last_error = ""
-        self._relabel_error = ""
-
-    def run_once(self) -> ShapedScrape:
-        # One wall-clock deadline for fetch and parse: a huge body's parse must not hold up the cycle,
-        # and with it every other target, beyond the scrape timeout.
-        deadline = time.monotonic() + self.timeout_s
-        fetched: Fetched = self.scraper.fetch()
-        samples = None
-        result = "ok"
-        error = fetched.error
-        if fetched.ok:
-            try:
-                samples = parse(
-                    fetched.body, fetched.content_type, self.cache, self.sample_limit, deadline=deadline
-                )
-            except SampleLimitExceeded as e:
-                error, result = str(e), "sample_limit"
-            except ParseDeadlineExceeded as e:
-                error, result = str(e), "timeout"
-            except ParseError as e:
-                error, result = f"cannot parse exposition: {e}", "parse_error"
-        else:
-            result = "http_error"
-        duration = time.time() - fetched.timestamp_ms / 1000
-        if samples is None:
-            # Log a failing target once per distinct error, not every interval.
-            if error != self._last_error:
-                log.error("scrape of %s (%s) failed: %s", self.target.name, self.target.url, error)
-            self._last_error = error
-            self.metrics.scrape_failed(self.target.name, error, time.time())
-        elif self._last_error:
-            log.info("scrape of %s recovered", self.target.name)
-            self._last_error = ""
-        self.metrics.scrapes.labels(self.target.name, result).inc()
-        self.metrics.scrape_duration.labels(self.target.name).observe(duration)
-        if samples is not None:
-            self.metrics.samples_scraped.labels(self.target.name).inc(len(samples))
-        shaped = self.shaper.shape(fetched.timestamp_ms, samples, duration)
-        self.metrics.stale_markers.inc(shaped.stale_markers)
-        if shaped.relabel_dropped:
-            self.metrics.samples_relabel_dropped.labels(self.target.name).inc(shaped.relabel_dropped)
-        if shaped.relabel_error:
-            self.metrics.scrape_failed(self.target.name, shaped.relabel_error, time.time())
-        if shaped.relabel_error != self._relabel_error:  # logged once per distinct error
-            if shaped.relabel_error:
-                log.error("scrape of %s failed: %s", self.target.name, shaped.relabel_error)
-            self._relabel_error = shaped.relabel_error
-        return shaped
 
 
 class Relay:
@@ -168,7 +89,7 @@ class Relay:
             spool_max_bytes=s.spool_max_bytes,
             metrics=self.metrics,
         )
-        self.loops = [TargetLoop(t, s, self.metrics) for t in s.targets]
+        self.collector = Collector(s, self.metrics, self.ledger)
         self.encoder = BatchEncoder(
             s.cluster,
             s.node,
@@ -178,8 +99,8 @@ class Relay:
             incarnation=self.spool.incarnation,
         )
         self.inflight = InFlight()
-        # What the sink spools, the uplink publishes stream-coded (edge_relay.uplink.stream); the sink hands
-        # it the batches it just spooled so that they need no decoding.
+        # What the sink spools, the uplink publishes stream-coded; the batches just spooled wait in
+        # ``recent`` so that the stream coder need not decode their rows.
         recent = RecentBatches()
         self.stream = StreamCoder(
             s.cluster,
@@ -203,7 +124,8 @@ class Relay:
                 pacer=self.pacer,
                 meta=self.spool.meta,
                 metrics=self.metrics,
-                to_wire=self.stream.wire_bytes,
+                ledger=self.ledger,
+                wire=self.stream,
             )
         self.retention = Retention(
             self.spool,
@@ -231,12 +153,12 @@ class Relay:
             window_ms=self.budget.window_ms if self.budget is not None else int(s.interval_seconds * 1000),
         )
         self.window.resume()
-        controller = self.budget.controller if self.budget is not None else None
+        self.lanes = Lanes(self.encoder, self.window, self.sink, self.ledger, self.budget)
         # Anomaly windows' past part: the recorder's raw samples of the GPU, spooled through the sink.
-        self.past = PastParts(self.recorder, self.sink, s.interval_seconds, self.encoder)
+        self.past = PastParts(self.recorder, self.sink, s.interval_seconds, self.encoder, self.metrics)
         if self.budget is not None and self.budget.anomaly is not None and not s.recorder_max_bytes:
             log.warning("anomaly windows get no past part: the flight recorder is off (recorder.max_bytes 0)")
-        self.status = StatusReport(self.spool, self.ledger, controller, anomaly=self._anomaly_status)
+        self.status = StatusReport(self.spool, self.ledger, self.budget)
         # Backfill requests: the uplink puts them in the inbox, the loop answers them from the recorder
         # through the sink (a quarter of an interval of work per cycle at most).
         self.commands = CommandInbox(s.cluster, s.node, self.metrics)
@@ -267,133 +189,39 @@ class Relay:
             stream=self.stream,
         )
         self.stop_event = threading.Event()
-        self.pool = ThreadPoolExecutor(max_workers=max(1, len(self.loops)), thread_name_prefix="scrape")
         self.cycles = 0
-        self._last_cycle_at: float | None = None
         self._waiting_rows = 0  # spooled rows not acked yet, at the end of the last cycle
-
-    def _spool(self, shaped: list[ShapedScrape]) -> tuple[int, list[bytes]]:
-        """One cycle's scrapes into the spool: staged in the open batch window, or as batches of their
-        own. Returns the samples spooled and, when every scrape went out as live batches, their
-        payloads (the flight recorder keeps those bytes rather than encoding the cycle again)."""
-        budget, window = self.budget, self.window
-        if budget is not None and budget.windowed:
-            window.window_ms = budget.window_ms  # a reload may have changed it
-            live, shaped = budget.split_live(shaped)
-            spooled = self._append_cycle(live)[0] if live else 0
-            try:
-                staged, packed = window.add(shaped)
-                packed += window.close_if_due(int(time.time() * 1000))
-            except SpoolError as e:
-                log.error("cannot stage this cycle: %s", e)
-                return spooled, []
-            budget.produced(packed)
-            return spooled + staged, []
-        if window.open:
-            # Staged under a windowed budget no longer in force (a restart without a budget, a window
-            # reloaded down to one interval): pack them now, before this cycle, so they go out first.
-            try:
-                packed = window.pack()
-            except SpoolError as e:
-                log.error("cannot pack the staged cycles now (%s): trying again next cycle", e)
-            else:
-                if budget is not None:
-                    budget.produced(packed)
-        return self._append_cycle(shaped)
-
-    def _live_version(self) -> int:
-        """The format the live lane spools a cycle in. A row that goes out at once is re-coded as a
-        v3 frame and deleted on its ack: v1 is the quickest to write (about half v2's CPU) and, like
-        every spooled row, self-contained. A row that will wait (no broker connection, rows already
-        waiting) is decoded later anyway, and v2 is half v1's size on disk: the configured format."""
-        if self.stream.enabled and self.uplink.connected and self._waiting_rows <= _LIVE_WAITING_ROWS:
-            return codec.FORMAT_V1
-        return self.encoder.version
-
-    def _append_cycle(self, shaped: list[ShapedScrape]) -> tuple[int, list[bytes]]:
-        """Scrapes as batches of their own (the live lane): published at once. Returns the samples
-        spooled and, when they are all of ``shaped``, the payloads."""
-        spooled, payloads = 0, []
-        version = self._live_version()
-        # Two targets whose labels coincide, scraped in the same millisecond: Prometheus keeps one
-        # sample per series and timestamp; v1 would carry both, and the receiver would keep either.
-        unique, duplicates = dedupe_window(shaped)
-        for target, samples in sorted(duplicates.items()):
-            ts = min(s.timestamp_ms for s in shaped if s.target == target)
-            self.ledger.record(LossReason.DUPLICATE_SAMPLE, f'{{job="{target}"}}', ts, ts, samples)
-        for batch in self._build(unique, version):
-            payload = self.sink.append(batch, version)
-            if payload is not None:
-                spooled += batch.sample_count
-                payloads.append(payload)
-                if self.budget is not None:
-                    self.budget.produced(len(payload), version)
-        whole = spooled == sum(len(s) for s in shaped)
-        return spooled, payloads if whole else []
-
-    def _build(self, shaped: list[ShapedScrape], version: int) -> list[Batch]:
-        """The cycle's batches. When the codec refuses the cycle as a whole, it goes scrape by scrape
-        (as ``BatchWindow._encode`` does with a window): a scrape the codec refuses alone is recorded
-        as ``encode_error``, and the other scrapes of the cycle still go out."""
-        try:
-            return self.encoder.build(shaped, version)
-        except ValueError as e:
-            log.error("cannot encode this cycle as one batch (%s): spooling it scrape by scrape", e)
-        batches, refused = self.encoder.build_each(shaped, version)
-        for scrape, error in refused:
-            log.error(
-                "dropping %d samples of %s that cannot be encoded: %s", len(scrape), scrape.target, error
-            )
-            ts = scrape.timestamp_ms
-            self.ledger.record(LossReason.ENCODE_ERROR, f'{{job="{scrape.target}"}}', ts, ts, len(scrape))
-        return batches
-
-    def _record_dropped(self, shaped: list[ShapedScrape]) -> None:
-        """What ``TargetShaper`` dropped sample by sample, into the loss ledger."""
-        for s in shaped:
-            job, ts = f'{{job="{s.target}"}}', s.timestamp_ms
-            for reason, samples in (
-                (LossReason.DUPLICATE_SERIES, s.duplicates),
-                (LossReason.LABEL_LIMITS, s.over_label_limits),
-                (LossReason.INVALID_TIMESTAMP, s.invalid_timestamps),
-            ):
-                if samples:
-                    self.ledger.record(reason, job, ts, ts, samples)
 
     def cycle(self) -> int:
         """One scrape of every target, spooled. Returns the number of samples spooled."""
-        self._watch_clock(time.time())
-        shaped = list(self.pool.map(lambda loop: loop.run_once(), self.loops))
-        raw = shaped  # what the flight recorder keeps: the scrapes before the budget shapes them
+        budget = self.budget
         self.ledger.flush()
-        self._record_dropped(shaped)
-        if self.budget is not None:
+        raw = self.collector.collect()  # what the flight recorder keeps: before the budget shapes it
+        shaped = raw
+        if budget is not None:
             # On the raw scrapes, before the budget shapes them: a detection exempts the GPU's series
             # from degradation already in this cycle's shaping.
-            self._on_anomalies(self.budget.detect(raw, int(time.time() * 1000)), raw)
-            shaped = self.budget.shape(shaped, int(time.time() * 1000))
-            # Only what the budget's classes dropped: its outputs copy the counts recorded above.
-            for s in shaped:
-                if s.repeated_timestamps:
-                    job, ts = f'{{job="{s.target}"}}', s.timestamp_ms
-                    self.ledger.record(LossReason.DUPLICATE_SAMPLE, job, ts, ts, s.repeated_timestamps)
-        spooled, payloads = self._spool(shaped)
+            self.past.open(budget.detect(raw, int(time.time() * 1000)), budget.anomaly, raw)
+            shaped = budget.shape(raw, int(time.time() * 1000))
+        spooled, payloads = self.lanes.spool(
+            shaped, at_once=self.uplink.publishes_at_once(self._waiting_rows)
+        )
         if spooled:
             # Published before the recorder (every block_seconds it packs a block: 1.5-2 s at 20,000
             # series on a slow core) and the rest of the cycle's housekeeping start.
             self.uplink.kick_and_wait(_PUBLISH_WAIT_S)
         # After the backlog's rows, in a transaction of its own: the recorder takes what room is left,
-        # and never raises (a recorder failure costs neither a batch nor the cycle). The payloads
-        # hold the raw scrapes only when nothing shaped them.
+        # and never raises. The payloads hold the raw scrapes only when nothing shaped them.
         self.recorder.record(raw, payloads if shaped is raw else ())
-        if self.budget is not None and self.past.pending:
-            self._spool_past(self.budget)
+        if budget is not None and self.past.pending:
+            # Counted as demand, so the controller degrades the other classes (the windowed series
+            # themselves never degrade).
+            budget.produced(self.past.step(budget.rate, budget.reserved_share)[1])
         self.backfill.step()
-        if self.budget is not None:
+        if budget is not None:
             now_ms = int(time.time() * 1000)
-            held, since_ms = self.budget.held(now_ms)
             try:
-                self.held.update(held, since_ms, now_ms)
+                self.held.update(*budget.held(now_ms), now_ms)
             except SpoolError as e:
                 log.error("cannot record what the open aggregation windows hold: %s", e)
         try:
@@ -402,57 +230,12 @@ class Relay:
             log.error("cannot apply the spool caps this cycle: %s", e)
         stats = self.spool.stats()
         self._waiting_rows = stats.rows
-        if self.budget is not None:
-            self.budget.tick(stats.bytes)
-            self.metrics.observe_budget_state(self.budget.controller.state)
+        if budget is not None:
+            budget.tick(stats.bytes)
         self.cycles += 1
         self.metrics.observe_spool(stats, time.time())
         self.uplink.kick()
         return spooled
-
-    def _on_anomalies(self, events: list[anomaly_mod.Event], raw: list[ShapedScrape]) -> None:
-        budget = self.budget
-        if not events or budget is None or budget.anomaly is None:
-            return
-        det = budget.anomaly
-        end_ms = max((x.timestamp_ms for x in raw if len(x)), default=int(time.time() * 1000))
-        for ev in events:
-            log.warning(
-                "anomaly: %s score=%.1f; %s",
-                ev.describe(),
-                ev.score,
-                f"full resolution from {det.cfg.pre_seconds:g}s before until {ev.window_end_ms}"
-                if ev.opened
-                else f"not widened: {det.cfg.max_windows} windows open",
-            )
-            if ev.opened and det.cfg.pre_seconds > 0:
-                self.past.start(ev, det.match(ev.gpu), det.cfg.pre_seconds, end_ms)
-
-    def _spool_past(self, budget: BudgetRuntime) -> None:
-        """This cycle's share of the anomaly windows' past parts; counted as demand, so the controller
-        degrades the other classes (the windowed series themselves never degrade)."""
-        share = budget.anomaly.cfg.reserved_share if budget.anomaly is not None else 0.2
-        samples, nbytes = self.past.step(budget.controller.rate, share)
-        if nbytes:
-            budget.produced(nbytes)
-            self.metrics.anomaly_window_samples.labels("past").inc(samples)
-
-    def _anomaly_status(self) -> dict[str, Any]:
-        if self.budget is None or self.budget.anomaly is None:
-            return {}
-        return anomaly_mod.status_fields(self.budget.anomaly, int(time.time() * 1000))
-
-    def _watch_clock(self, now: float) -> None:
-        """Say so when the wall clock went back (samples are stamped with it, so the receiver gets
-        them at the stepped time; the budget shaper resets its series state on its own)."""
-        last, self._last_cycle_at = self._last_cycle_at, now
-        if last is not None and now < last - 1.0:
-            self.metrics.clock_steps_back.inc()
-            log.warning(
-                "the wall clock went back by %.1fs since the last cycle (NTP, a manual fix?): samples are "
-                "stamped with the new time; Prometheus needs its out-of-order window for the overlap",
-                last - now,
-            )
 
     def run(self) -> None:
         interval = self.settings.interval_seconds
@@ -478,16 +261,14 @@ class Relay:
             if self.budget is not None:
                 closed = self.budget.flush_all()
                 if closed is not None:
-                    self._spool([closed])
+                    self.lanes.spool([closed], at_once=self.uplink.publishes_at_once(self._waiting_rows))
                 self.held.update(0, 0, 0)  # a clean stop: nothing left to record at the next start
             self.window.pack()
             self.uplink.kick()
         except SpoolError as e:
             log.error("cannot close the open windows on shutdown: %s", e)
         self.uplink.stop(drain_seconds)
-        self.pool.shutdown(wait=True)
-        for loop in self.loops:
-            loop.scraper.close()
+        self.collector.close()
         self.metrics.observe_spool(self.spool.stats(), time.time())
         self.spool.close()
 

@@ -394,8 +394,8 @@ def open_relay(tmp_path: Path, exporters: Any, budget: str) -> Any:
 
 
 def close(relay: Any) -> None:
-    relay.pool.shutdown(wait=True)
-    for loop in relay.loops:
+    relay.collector.pool.shutdown(wait=True)
+    for loop in relay.collector.loops:
         loop.scraper.close()
     relay.spool.close()
 

@@ -499,8 +499,8 @@ def test_the_relay_records_raw_cycles_and_a_recorder_failure_costs_it_nothing(
             errors = relay.metrics.registry.get_sample_value
             assert errors("edge_relay_recorder_errors_total", {"op": "write"}) == 1
         finally:
-            relay.pool.shutdown(wait=True)
-            for loop in relay.loops:
+            relay.collector.pool.shutdown(wait=True)
+            for loop in relay.collector.loops:
                 loop.scraper.close()
             relay.spool.close()
 

@@ -20,9 +20,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from edge_relay import settings as settings_mod
-from edge_relay.app import TargetLoop
 from edge_relay.collect.parse import SeriesCache, parse
 from edge_relay.collect.shape import TargetShaper
+from edge_relay.collect.targets import TargetLoop
 from edge_relay.selfmetrics import RelayMetrics
 from relay_common.config import ConfigError
 from relay_common.relabel import (

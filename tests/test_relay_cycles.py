@@ -61,8 +61,8 @@ def open_relay(config: Path) -> Relay:
 
 def close(relay: Relay) -> None:
     """Like a kill: nothing flushed, nothing packed (``shutdown`` would stop an uplink never started)."""
-    relay.pool.shutdown(wait=True)
-    for loop in relay.loops:
+    relay.collector.pool.shutdown(wait=True)
+    for loop in relay.collector.loops:
         loop.scraper.close()
     relay.spool.close()
 
@@ -125,7 +125,7 @@ def test_a_cycle_the_codec_refuses_goes_scrape_by_scrape(tmp_path: Path, exporte
         labels: list[Labels] = [(("__name__", "x"), ("job", "bad")), (("__name__", "y"), ("job", "bad"))]
         # Built by hand, past TargetShaper's checks: the encoder refuses the negative timestamp.
         bad = ShapedScrape("bad", 1_700_000_000_000, labels, array("d", [1.0, 2.0]), [1_700_000_000_000, -5])
-        assert relay._spool([bad, good]) == (1, [])  # not the whole cycle: the recorder encodes it
+        assert relay.lanes.spool([bad, good]) == (1, [])  # not the whole cycle: the recorder encodes it
         assert spooled(relay) == {good.labels[0]: [(1_700_000_000_000, 1.0)]}
         assert relay.ledger.totals() == {"encode_error": 2}
         (entry,) = relay.spool.losses.entries()
@@ -145,7 +145,7 @@ def test_two_targets_with_the_same_series_in_one_millisecond_keep_one_sample(
         shared: Labels = (("__name__", "m"), ("job", "same"))
         a = ShapedScrape("a", ts, [shared, (("__name__", "a_only"), ("job", "same"))], array("d", [1.0, 2.0]))
         b = ShapedScrape("b", ts, [shared], array("d", [3.0]))
-        assert relay._spool([a, b])[0] == 2
+        assert relay.lanes.spool([a, b])[0] == 2
         assert spooled(relay) == {shared: [(ts, 1.0)], a.labels[1]: [(ts, 2.0)]}
         assert relay.ledger.totals() == {"duplicate_sample": 1}
         (entry,) = relay.spool.losses.entries()
@@ -266,12 +266,12 @@ def test_a_clock_step_back_is_logged_and_counted(
 ) -> None:
     relay = open_relay(write_config(tmp_path, exporters, budget=None, names=("good",)))
     try:
-        relay._watch_clock(1_800_000_000.0)
-        relay._watch_clock(1_800_000_005.0)
-        relay._watch_clock(1_800_000_005.5)  # jitter below a second is no step
+        relay.collector.watch_clock(1_800_000_000.0)
+        relay.collector.watch_clock(1_800_000_005.0)
+        relay.collector.watch_clock(1_800_000_005.5)  # jitter below a second is no step
         assert relay.metrics.clock_steps_back._value.get() == 0
         with caplog.at_level(logging.WARNING, logger="edge_relay"):
-            relay._watch_clock(1_799_999_405.0)  # NTP after boot: ten minutes back
+            relay.collector.watch_clock(1_799_999_405.0)  # NTP after boot: ten minutes back
         assert relay.metrics.clock_steps_back._value.get() == 1
         assert "the wall clock went back by 600.5s" in caplog.text
     finally:

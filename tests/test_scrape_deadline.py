@@ -239,11 +239,12 @@ def test_a_trickling_target_does_not_hold_up_the_others(
     relay = Relay(relay_settings.load(str(config)), RelayMetrics())
     cycles: list[list[ShapedScrape]] = []
 
-    def spool(shaped: list[ShapedScrape]) -> tuple[int, list[bytes]]:
+    def spool(shaped: list[ShapedScrape], *, at_once: bool = False) -> tuple[int, list[bytes]]:
         cycles.append(shaped)
         return sum(len(s) for s in shaped), []
 
-    relay._spool = spool  # type: ignore[method-assign]  # the cycle's output, not the spool, is under test
+    # The cycle's output, not the spool, is under test.
+    relay.lanes.spool = spool  # type: ignore[method-assign]
     try:
         for _ in range(2):  # the second cycle finds the slow target's connection gone, not stuck
             started = time.monotonic()
@@ -252,8 +253,8 @@ def test_a_trickling_target_does_not_hold_up_the_others(
             assert elapsed <= TIMEOUT_S + MARGIN_S, f"the cycle took {elapsed:.2f}s"
     finally:
         # Not waiting: with a scrape still stuck (the bug), the servers' teardown is what ends it.
-        relay.pool.shutdown(wait=False, cancel_futures=True)
-        for loop in relay.loops:
+        relay.collector.pool.shutdown(wait=False, cancel_futures=True)
+        for loop in relay.collector.loops:
             loop.scraper.close()
         relay.spool.close()
     for shaped in cycles:

@@ -27,7 +27,9 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from edge_relay import cli, settings, status_cmd, statusview
+from edge_relay import cli, settings
+from edge_relay.commands import status as status_cmd
+from edge_relay.commands import statusview
 from edge_relay.commands.status import Reading, SpoolView
 from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.selfmetrics import RelayMetrics

@@ -16,10 +16,11 @@ from hypothesis import strategies as st
 
 from edge_relay.ledger import LossLedger
 from edge_relay.selfmetrics import RelayMetrics
+from edge_relay.store.recent import RecentBatches
 from edge_relay.store.spool import InFlight, SendQueue, Spool
 from edge_relay.store.spool.schema import SpoolRow
 from edge_relay.uplink.acks import apply_ack
-from edge_relay.uplink.stream import RecentBatches, StreamCoder
+from edge_relay.uplink.stream import StreamCoder
 from schemas import codec
 from schemas.codec import Ack, AckResult
 from schemas.codec.envelope import _open_envelope

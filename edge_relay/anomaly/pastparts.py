@@ -8,14 +8,20 @@ them through the sink, so they are durable, paced and acked like a backlog.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from edge_relay.anomaly.detector import Event
+from edge_relay.anomaly.detector import Detector, Event
+from edge_relay.collect.shape import ShapedScrape
 from edge_relay.encode.batches import BatchEncoder
+from edge_relay.selfmetrics import RelayMetrics
 from schemas.model import Labels
+
+log = logging.getLogger("edge_relay")
 
 
 @dataclass(slots=True)
@@ -34,8 +40,14 @@ class PastParts:
     credit per cycle, so a window never bursts the link and the live data keeps flowing beside it."""
 
     def __init__(
-        self, recorder: Any, sink: Any, interval_s: float, encoder: BatchEncoder | None = None
+        self,
+        recorder: Any,
+        sink: Any,
+        interval_s: float,
+        encoder: BatchEncoder | None = None,
+        metrics: RelayMetrics | None = None,
     ) -> None:
+        self._metrics = metrics
         self._recorder = recorder
         self._sink = sink
         # Cuts a recorder block (block_seconds of cycles) into batches within batch.max_bytes.
@@ -47,6 +59,25 @@ class PastParts:
     @property
     def pending(self) -> int:
         return len(self._jobs)
+
+    def open(self, events: list[Event], detector: Detector | None, raw: list[ShapedScrape]) -> None:
+        """The cycle's new events, logged; each window that opened gets its past part, up to the
+        cycle's last scrape (``raw``: the scrapes the events were detected on)."""
+        if not events or detector is None:
+            return
+        end_ms = max((x.timestamp_ms for x in raw if len(x)), default=int(time.time() * 1000))
+        cfg = detector.cfg
+        for ev in events:
+            log.warning(
+                "anomaly: %s score=%.1f; %s",
+                ev.describe(),
+                ev.score,
+                f"full resolution from {cfg.pre_seconds:g}s before until {ev.window_end_ms}"
+                if ev.opened
+                else f"not widened: {cfg.max_windows} windows open",
+            )
+            if ev.opened and cfg.pre_seconds > 0:
+                self.start(ev, detector.match(ev.gpu), cfg.pre_seconds, end_ms)
 
     def start(self, ev: Event, match: Callable[[Labels], bool], pre_seconds: float, end_ms: int) -> None:
         """The past of ``ev``: from ``pre_seconds`` before its scrape to ``end_ms`` (the cycle's last
@@ -85,4 +116,6 @@ class PastParts:
                     samples += part.sample_count
                     nbytes += len(payload)
                     self._credit -= len(payload)
+        if samples and self._metrics is not None:
+            self._metrics.anomaly_window_samples.labels("past").inc(samples)
         return samples, nbytes

@@ -1,26 +1,22 @@
 """The bandwidth budget: what the uplink may carry, and how the relay keeps to it.
 
-One budget file, five parts that run it, one that plans it:
+One budget file, four parts that run it:
 
 - ``model``: the budget file (``load``/``parse``) as typed objects: ``Budget`` with its
   ``UplinkBudget`` (sustained rate, burst, daily quota, time windows, batch window) and its
-  ``ClassPolicy`` priority classes (presets in ``PRESETS``).
+  ``ClassPolicy`` priority classes (the vendors' presets come from the ``vendors`` registry).
 - ``shaper`` (the shape stage): ``BudgetShaper`` applies the classes to every scrape (resolution,
   aggregation, precision, suppression) at the level the controller sets per class.
 - ``controller`` (once per cycle): ``Controller`` decides the allowed rate (time window, what is left of
-  the daily quota), hands rate and burst to the pacer, and degrades or restores classes by comparing
-  what the relay produces with what it may send.
-- ``pacer`` (on the wire, in the uplink's thread): ``Pacer`` holds the token bucket and the wire meter;
-  the uplink publishes a batch only when the bucket holds it, and every byte the kernel counts on the
-  broker connection (both directions) is charged to it.
+  the daily quota), hands rate and burst to the pacer (``uplink.pacer``, on the wire), and degrades or
+  restores classes by comparing what the relay produces with what it may send.
 - ``runtime``: ``BudgetRuntime``, the budget in force on a running relay: loads the file, builds the
-  shaper and the controller on the relay's pacer, reloads the file when it changes, shapes each cycle
+  shaper, the controller and the anomaly detector, reloads the file when it changes, shapes each cycle
   and ticks the controller; the relay holds one only when a budget file is configured.
-- ``plan`` (offline): ``edge-relay budget plan`` scrapes the targets once and estimates each class's
-  bytes/s at full resolution and degraded the way the controller would.
 
+The offline estimate (``edge-relay budget plan``) is a command: ``edge_relay.commands.budget_plan``.
 This package re-exports only the model, so importing the budget file's types does not pull in the
-shaper, the controller or the pacer (import those from their modules).
+shaper or the controller (import those from their modules).
 """
 
 from edge_relay.budget.model import (

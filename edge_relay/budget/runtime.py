@@ -18,16 +18,17 @@ import logging
 import os
 import time
 from array import array
-from collections.abc import Callable
 from dataclasses import replace
+from typing import Any, Protocol
 
-from edge_relay.anomaly.detector import Detector, Event, gpu_label
+from edge_relay.anomaly.detector import Detector, Event, gpu_label, status_fields
 from edge_relay.anomaly.node import NODE_KEY
 from edge_relay.budget.controller import Controller
 from edge_relay.budget.model import PRESET_COUNTERS, ConfigError, load
 from edge_relay.budget.shaper import BudgetShaper
 from edge_relay.collect.shape import ShapedScrape
 from edge_relay.encode.batches import BatchEncoder
+from edge_relay.ledger import LossLedger, LossReason
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.store.spool import MetaTable
 from edge_relay.uplink.pacer import Pacer
@@ -36,6 +37,18 @@ from schemas.codec import FORMAT_V2
 log = logging.getLogger("edge_relay.budget")
 
 _OUTCOMES = (("sent", "samples_out"), ("suppressed", "suppressed"), ("merged", "merged"))
+_DEFAULT_RESERVED_SHARE = 0.2  # of the allowed rate, for past parts, when no detector is configured
+
+
+class WireEstimate(Protocol):
+    """What the uplink's stream coding makes of spooled bytes on the wire (``StreamCoder``)."""
+
+    def wire_bytes(self, spooled_bytes: int, version: int) -> int: ...
+
+
+class _AsSpooled:
+    def wire_bytes(self, spooled_bytes: int, version: int) -> int:
+        return spooled_bytes
 
 
 class BudgetRuntime:
@@ -49,10 +62,12 @@ class BudgetRuntime:
         pacer: Pacer,
         meta: MetaTable,
         metrics: RelayMetrics,
-        to_wire: Callable[[int, int], int] = lambda nbytes, version: nbytes,
+        ledger: LossLedger | None = None,
+        wire: WireEstimate | None = None,
     ) -> None:
         self.path = path
-        self._to_wire = to_wire
+        self._wire = wire or _AsSpooled()
+        self._ledger = ledger
         self._interval_s = interval_s
         self._batch_max_bytes = batch_max_bytes
         self._encoder = encoder
@@ -160,12 +175,19 @@ class BudgetRuntime:
         return events
 
     def shape(self, shaped: list[ShapedScrape], now_ms: int) -> list[ShapedScrape]:
-        """A cycle's scrapes through the budget's classes, plus what aggregation windows closed."""
+        """A cycle's scrapes through the budget's classes, plus what aggregation windows closed. What
+        the classes dropped (a series' samples with one timestamp) goes into the ledger."""
         self.maybe_reload()
         out = [self.shaper.shape(x) for x in shaped]
         closed = self.shaper.flush(now_ms)
         if closed is not None:
             out.append(closed)
+        if self._ledger is not None:
+            # Only what the classes dropped: their outputs copy the counts the collect stage recorded.
+            for s in out:
+                if s.repeated_timestamps:
+                    job, ts = f'{{job="{s.target}"}}', s.timestamp_ms
+                    self._ledger.record(LossReason.DUPLICATE_SAMPLE, job, ts, ts, s.repeated_timestamps)
         self._count_shaping()
         live = self.shaper.override_samples - self._override_seen
         if live > 0:
@@ -204,9 +226,22 @@ class BudgetRuntime:
 
     def produced(self, nbytes: int, version: int = FORMAT_V2) -> None:
         """Encoded bytes just added to the spool (as format ``version``): the demand the controller
-        weighs, as the wire will carry them (``to_wire``: stream-coded frames are smaller than the
-        spooled batches)."""
-        self.controller.produced(self._to_wire(nbytes, version))
+        weighs, as the wire will carry them (stream-coded frames are smaller than the spooled
+        batches)."""
+        self.controller.produced(self._wire.wire_bytes(nbytes, version))
+
+    @property
+    def reserved_share(self) -> float:
+        """The share of the allowed rate anomaly windows' past parts may take."""
+        return self.anomaly.cfg.reserved_share if self.anomaly is not None else _DEFAULT_RESERVED_SHARE
+
+    def status_fields(self) -> dict[str, Any]:
+        """The budget's part of the node's status message: the controller's state and the detector's."""
+        fields = self.controller.status()
+        if self.anomaly is not None:
+            # Flat scalars the status decoder takes as unknown fields (older ingesters ignore them).
+            fields.update(status_fields(self.anomaly, int(time.time() * 1000)))
+        return fields
 
     def tick(self, backlog_bytes: int) -> None:
         """Once per cycle, after the cycle is spooled."""
@@ -214,6 +249,12 @@ class BudgetRuntime:
         paced = self._pacer.paced_seconds
         self._metrics.budget_paced.inc(max(0.0, paced - self._paced_seen))
         self._paced_seen = paced
+        self._metrics.observe_budget_state(self.controller.state)
+
+    @property
+    def rate(self) -> float:
+        """The rate the uplink may use now, bytes/s (the controller's, from the budget's windows)."""
+        return self.controller.rate
 
     def _count_shaping(self) -> None:
         for i, c in enumerate(self.budget.classes):

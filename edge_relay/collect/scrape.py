@@ -1,4 +1,4 @@
-"""Stage 1: fetch one exposition from one target.
+"""Fetch one exposition from one target.
 
 A scrape either yields the whole body or fails: a timeout, a non-2xx answer, a body over the size
 limit or a broken connection is a failed scrape (``up`` = 0), never a partial one.

@@ -1,4 +1,4 @@
-"""Stage 3: turn one parsed scrape into the samples the cloud should store.
+"""Turn one parsed scrape into the samples the cloud should store.
 
 What it does, per target and scrape, the way a Prometheus server does at scrape time:
 - attaches ``job``, ``instance`` and the target's labels (an exposed label of the same name is kept as

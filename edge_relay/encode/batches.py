@@ -1,4 +1,4 @@
-"""Stage 4: cut shaped scrapes into batches and encode them with the shared codec.
+"""Cut shaped scrapes into batches and encode them with the shared codec.
 
 Without a batch window a batch holds whole scrapes of one cycle; only a scrape that alone is over
 ``max_bytes`` is split by series (every part keeps the scrape's timestamp), so that no MQTT message

@@ -19,9 +19,9 @@ from typing import TypeVar
 from edge_relay.encode.batches import BatchEncoder
 from edge_relay.ledger import LossLedger, LossReason
 from edge_relay.selfmetrics import RelayMetrics
+from edge_relay.store.recent import RecentBatches
 from edge_relay.store.retention import Retention, describe
 from edge_relay.store.spool import Replacement, Spool, SpoolError, SpoolFullError
-from edge_relay.uplink.stream import RecentBatches
 from schemas.model import Batch
 
 log = logging.getLogger("edge_relay")

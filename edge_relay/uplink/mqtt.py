@@ -1,4 +1,4 @@
-"""Stage 6: ship spooled batches over MQTT and delete them once the cloud acknowledges them.
+"""Ship spooled batches over MQTT and delete them once the cloud acknowledges them.
 
 One thread owns the paho client and drives its network loop itself (``edge_relay.uplink.netloop``: paho's
 external-loop calls in a ``select()`` that ``kick()`` wakes), so that all MQTT state lives in one
@@ -64,6 +64,8 @@ _IDLE_PUMP_EVERY_S = 5.0
 # After a reconnect with the session present: how long acks of batches in flight may take to come
 # (the ingester's acks queued at the broker arrive right after the reconnect) before they go again.
 _RECONNECT_ACK_WAIT_S = 10.0
+# Rows waiting at the end of a cycle up to which a new live row still goes out at once.
+_LIVE_WAITING_ROWS = 4
 # The longest one network-loop turn blocks: paho's keepalive housekeeping runs at least this often.
 _TURN_MAX_S = 1.0
 
@@ -161,6 +163,16 @@ class Uplink:
     @property
     def connected(self) -> bool:
         return self._connected
+
+    def publishes_at_once(self, waiting_rows: int) -> bool:
+        """A row spooled now goes out at once as a v3 frame (stream coding on, connected, at most a few
+        rows already waiting), so it is re-coded and deleted on its ack rather than read back later."""
+        return (
+            self.stream is not None
+            and self.stream.enabled
+            and self.connected
+            and waiting_rows <= _LIVE_WAITING_ROWS
+        )
 
     # --- the uplink thread -------------------------------------------------------------------
 

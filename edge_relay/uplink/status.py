@@ -7,28 +7,23 @@ loss ledger's totals travel with it, so the cloud can tell "offline, data safe" 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
-from edge_relay.budget.controller import Controller
 from edge_relay.ledger import LossLedger
 from edge_relay.store.spool import Spool
 
 
+class StatusSource(Protocol):
+    """A part that adds fields of its own (the budget in force: its state, its anomaly detector)."""
+
+    def status_fields(self) -> dict[str, Any]: ...
+
+
 class StatusReport:
-    def __init__(
-        self,
-        spool: Spool,
-        ledger: LossLedger,
-        controller: Controller | None,
-        anomaly: Callable[[], dict[str, Any]] | None = None,
-    ) -> None:
+    def __init__(self, spool: Spool, ledger: LossLedger, budget: StatusSource | None) -> None:
         self._spool = spool
         self._ledger = ledger
-        self._controller = controller
-        self._anomaly = (
-            anomaly  # anomaly_events, anomaly_windows, anomaly_last[_ms] (edge_relay.anomaly.detector)
-        )
+        self._budget = budget
 
     def fields(self) -> dict[str, Any]:
         st = self._spool.stats()
@@ -50,9 +45,6 @@ class StatusReport:
             status["recorder_oldest_ms"] = rec.oldest_ts_ms
         for reason, samples in totals.items():
             status[f"lost_{reason}"] = samples
-        if self._controller is not None:
-            status.update(self._controller.status())
-        if self._anomaly is not None:
-            # Flat scalars the status decoder takes as unknown fields (older ingesters ignore them).
-            status.update(self._anomaly())
+        if self._budget is not None:
+            status.update(self._budget.status_fields())
         return status

@@ -1,8 +1,8 @@
-"""Stage 6a: stream coding at publication (wire format v3, ``docs/stream-codec.md``).
+"""Stream coding at publication (wire format v3, ``docs/stream-codec.md``).
 
 The spool keeps every batch self-contained, in ``batch.format_version`` (v2), exactly as it keeps
 them without stream coding; only a live-lane row that goes out at once is spooled as v1, the wire
-format that is quickest to write (``Relay._live_version``). The uplink publishes each row as a v3
+format that is quickest to write (``edge_relay.encode.lanes``). The uplink publishes each row as a v3
 frame that ``StreamCoder`` codes against the frame *published* before it: the series dictionary
 and the values' history are the ingester's state of this node, and a frame names the state it needs
 by id, so it decodes exactly or not at all. Design choice, improving on the design's section 5 (a
@@ -24,23 +24,23 @@ frame that waits is never the base of the next one. A ``rejected`` ack for a seq
 v3 frame is not a loss: the batch goes again self-contained, and when the reason says the ingester
 does not know the format (an ingester older than v3), stream coding pauses for ``pause_s``.
 
-The uplink thread alone uses ``StreamCoder``; ``RecentBatches`` is filled by the sink (relay loop).
+The uplink thread alone uses ``StreamCoder``; the store's ``RecentBatches`` is filled by the sink
+(relay loop).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from edge_relay.selfmetrics import RelayMetrics
+from edge_relay.store.recent import RecentBatches
 from edge_relay.store.spool import SpoolRow
 from schemas import codec
 from schemas.codec.stream import StreamEncoder, frame_base
-from schemas.model import Batch
 
 log = logging.getLogger("edge_relay.stream")
 
@@ -52,36 +52,6 @@ LIVE, WINDOWED = 0, 1  # the stream's chains: rows of one cycle, and rows of sev
 LANES = (LIVE, WINDOWED)
 _RATIO_WEIGHT = 0.1  # EWMA weight of one frame in wire_ratio
 _TRACKED_SEQS = 65_536  # unacked seqs remembered (rows evicted unacked never come back to clear theirs)
-
-
-class RecentBatches:
-    """The batches just spooled, by seq, so the uplink codes them without decoding their rows.
-
-    Bounded (``keep`` batches, the oldest go first): a row not found here is decoded from the spool.
-    """
-
-    def __init__(self, keep: int = 8) -> None:
-        self.keep = keep
-        self._batches: OrderedDict[int, Batch] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def put(self, batch: Batch) -> None:
-        with self._lock:
-            self._batches[batch.seq] = batch
-            while len(self._batches) > self.keep:
-                self._batches.popitem(last=False)
-
-    def get(self, seq: int) -> Batch | None:
-        with self._lock:
-            return self._batches.get(seq)
-
-    def discard(self, seq: int) -> None:
-        with self._lock:
-            self._batches.pop(seq, None)
-
-    def __len__(self) -> int:
-        with self._lock:
-            return len(self._batches)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Stage 5: the SQLite spool. Every batch waits here, in one file, until the cloud acknowledges it.
+"""The SQLite spool. Every batch waits here, in one file, until the cloud acknowledges it.
 
 The package is the file and its tables, one module each, built on one ``Store``:
 

@@ -10,17 +10,13 @@ from __future__ import annotations
 import logging
 import sqlite3
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final
 
 from edge_relay.ledger import LossRecord
 from edge_relay.store.spool.errors import SpoolError
-
-if TYPE_CHECKING:  # the store imports recovery, which writes its ledger entry with add_entry
-    from edge_relay.store.spool.store import Store
+from edge_relay.store.spool.schema import add_loss
+from edge_relay.store.spool.store import Store
 
 log = logging.getLogger("edge_relay.spool")
-
-_LEDGER_BUCKET_MS: Final = 3_600_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,37 +33,13 @@ class LossEntry:
     samples: int
 
 
-def add_entry(conn: sqlite3.Connection, now: int, entry: LossRecord) -> None:
-    """Add ``entry`` inside the caller's transaction."""
-    updated = conn.execute(
-        "UPDATE ledger SET samples = samples + ?, first_ts_ms = min(first_ts_ms, ?),"
-        " last_ts_ms = max(last_ts_ms, ?), ts_ms = ? WHERE id = (SELECT id FROM ledger"
-        " WHERE reason = ? AND series = ? AND ts_ms >= ? ORDER BY id DESC LIMIT 1)",
-        (
-            entry.samples,
-            entry.first_ms,
-            entry.last_ms,
-            now,
-            str(entry.reason),
-            entry.series,
-            now - _LEDGER_BUCKET_MS,
-        ),
-    ).rowcount
-    if not updated:
-        conn.execute(
-            "INSERT INTO ledger (ts_ms, reason, series, first_ts_ms, last_ts_ms, samples)"
-            " VALUES (?, ?, ?, ?, ?, ?)",
-            (now, str(entry.reason), entry.series, entry.first_ms, entry.last_ms, entry.samples),
-        )
-
-
 class LossTable:
     def __init__(self, store: Store) -> None:
         self._store = store
 
     def add(self, conn: sqlite3.Connection, now: int, entry: LossRecord) -> None:
         """Add ``entry`` inside the caller's transaction."""
-        add_entry(conn, now, entry)
+        add_loss(conn, now, entry)
 
     def record(self, entry: LossRecord) -> bool:
         """Write one entry in its own transaction; False (logged) when the spool cannot take it now."""

@@ -22,8 +22,7 @@ from typing import Final
 
 from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.store.spool.errors import is_full, rollback_quietly
-from edge_relay.store.spool.losses import add_entry
-from edge_relay.store.spool.schema import COLUMNS, SpoolRow, row_tuple, verify
+from edge_relay.store.spool.schema import COLUMNS, SpoolRow, add_loss, row_tuple, verify
 
 log = logging.getLogger("edge_relay.spool")
 
@@ -211,7 +210,7 @@ def record_recovery(dst: sqlite3.Connection, recovery: SpoolRecovery) -> None:
     entry = LossRecord(LossReason.SPOOL_FILE_CORRUPT, series, 0, 0, 0)
     try:
         dst.execute("BEGIN IMMEDIATE")
-        add_entry(dst, recovery.at_ms, entry)
+        add_loss(dst, recovery.at_ms, entry)
         dst.execute("COMMIT")
     except sqlite3.Error as exc:
         rollback_quietly(dst)

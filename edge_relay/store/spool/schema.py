@@ -1,4 +1,5 @@
-"""The spool file's format: tables, migrations, and the batch row as stored and as read back.
+"""The spool file's format: tables, migrations, the batch row as stored and as read back, and the
+loss ledger's row.
 
 The format is a contract with every spool already on a node: a relay must open what an older relay
 wrote (``migrate`` steps it up, one version at a time) and refuse what a newer one wrote. Values never
@@ -15,9 +16,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, cast
 
+from edge_relay.ledger import LossRecord
 from edge_relay.store.spool.errors import SpoolError, rollback_quietly
 
 SCHEMA_VERSION: Final = 4
+_LEDGER_BUCKET_MS: Final = 3_600_000  # ledger entries of one reason and series add up within this
 
 COLUMNS: Final = (
     "seq, payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size, priority, created_ms, "
@@ -291,3 +294,28 @@ def chunks(items: Sequence[int]) -> Iterator[Sequence[int]]:
 
 def marks(chunk: Sequence[int]) -> str:
     return ", ".join("?" * len(chunk))
+
+
+def add_loss(conn: sqlite3.Connection, now: int, entry: LossRecord) -> None:
+    """Add ``entry`` to the loss ledger's table inside the caller's transaction: entries of one reason
+    and series within an hour are added up into one row."""
+    updated = conn.execute(
+        "UPDATE ledger SET samples = samples + ?, first_ts_ms = min(first_ts_ms, ?),"
+        " last_ts_ms = max(last_ts_ms, ?), ts_ms = ? WHERE id = (SELECT id FROM ledger"
+        " WHERE reason = ? AND series = ? AND ts_ms >= ? ORDER BY id DESC LIMIT 1)",
+        (
+            entry.samples,
+            entry.first_ms,
+            entry.last_ms,
+            now,
+            str(entry.reason),
+            entry.series,
+            now - _LEDGER_BUCKET_MS,
+        ),
+    ).rowcount
+    if not updated:
+        conn.execute(
+            "INSERT INTO ledger (ts_ms, reason, series, first_ts_ms, last_ts_ms, samples)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (now, str(entry.reason), entry.series, entry.first_ms, entry.last_ms, entry.samples),
+        )

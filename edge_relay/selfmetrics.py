@@ -7,14 +7,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-if TYPE_CHECKING:
-    from edge_relay.store.spool import SpoolStats
+
+class SpoolReading(Protocol):
+    """What the spool gauges read (``edge_relay.store.spool.SpoolStats``)."""
+
+    rows: int
+    bytes: int
+    quarantined_rows: int
+    oldest_first_ts_ms: int | None
+
 
 # The budget controller's states (``Controller.state``), each a series of edge_relay_budget_state.
 BUDGET_STATES = ("ok", "degraded", "backlogged", "quota_exhausted")
@@ -332,7 +339,7 @@ class RelayMetrics:
         for s in BUDGET_STATES:
             self.budget_state.labels(s).set(1 if s == state else 0)
 
-    def observe_spool(self, st: SpoolStats, now_s: float) -> None:
+    def observe_spool(self, st: SpoolReading, now_s: float) -> None:
         """The spool gauges, from one ``Spool.stats()`` reading."""
         self.spool_rows.set(st.rows)
         self.spool_bytes.set(st.bytes)

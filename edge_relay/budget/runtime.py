@@ -27,7 +27,6 @@ from edge_relay.budget.controller import Controller
 from edge_relay.budget.model import PRESET_COUNTERS, ConfigError, load
 from edge_relay.budget.shaper import BudgetShaper
 from edge_relay.collect.shape import ShapedScrape
-from edge_relay.encode.batches import BatchEncoder
 from edge_relay.ledger import LossLedger, LossReason
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.store.spool import MetaTable
@@ -46,6 +45,13 @@ class WireEstimate(Protocol):
     def wire_bytes(self, spooled_bytes: int, version: int) -> int: ...
 
 
+class BatchCap(Protocol):
+    """The encoder whose batches the budget caps (``edge_relay.encode.batches.BatchEncoder``): a small
+    burst lowers ``batch.max_bytes`` so that one batch never waits for more tokens than the bucket holds."""
+
+    max_bytes: int
+
+
 class _AsSpooled:
     def wire_bytes(self, spooled_bytes: int, version: int) -> int:
         return spooled_bytes
@@ -58,7 +64,7 @@ class BudgetRuntime:
         *,
         interval_s: float,
         batch_max_bytes: int,
-        encoder: BatchEncoder,
+        encoder: BatchCap,
         pacer: Pacer,
         meta: MetaTable,
         metrics: RelayMetrics,

@@ -406,6 +406,48 @@ def test_backfiller_caps_samples_and_refuses_bad_requests(tmp_path: Path) -> Non
     assert r.id is None and r.result == "refused"
 
 
+def test_a_selector_that_matches_nothing_keeps_the_per_cycle_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each step reads as many recorder blocks as its deadline allows, also when none of them holds a
+    series the selector takes: the whole range was decoded in one step before, a scrape missed."""
+    bf, inbox, sink, t0 = _backfiller(tmp_path, scrapes=400)  # 100 blocks of 4 cycles
+    decoded: list[int] = []
+    real_decode = FlightRecorder._decode
+
+    def counting(self: FlightRecorder, block: object) -> object:
+        decoded.append(1)
+        return real_decode(self, block)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(FlightRecorder, "_decode", counting)
+    ticks = iter(range(1_000_000))
+    bf._monotonic = lambda: next(ticks) * 0.01  # each look at the clock: 10 ms of work
+    bf.step_seconds = 0.05
+    bf._clock_ms = lambda: t0 + 399_000
+    inbox.submit(_req(from_ms=t0, to_ms=t0 + 399_000, ts_ms=t0 + 399_000, match='{__name__=~".*_none"}'))
+    steps = []
+    while bf.step() or bf.busy:
+        steps.append(len(decoded))
+        decoded.clear()
+    assert len(steps) >= 15 and max(steps) <= 6, steps
+    (done,) = [decode_result(p) for p in inbox.outgoing()]
+    assert done.result == "done" and done.samples == 0 and not sink.batches
+
+
+def test_an_answered_request_delivered_again_later_is_not_run_again(tmp_path: Path) -> None:
+    """QoS 1 may deliver a request again after later ones were answered (a reconnect): it runs once."""
+    bf, inbox, sink, t0 = _backfiller(tmp_path)
+    for req_id in ("r1", "r2", "r3"):
+        inbox.submit(_req(id=req_id, from_ms=t0, to_ms=t0 + 1000, ts_ms=t0 + 19_000))
+        while bf.step() or bf.busy:
+            pass
+    assert [decode_result(p).id for p in inbox.outgoing()] == ["r1", "r2", "r3"]
+    answered = len(sink.batches)
+    inbox.submit(_req(id="r1", from_ms=t0, to_ms=t0 + 1000, ts_ms=t0 + 19_000))
+    assert inbox.take() is None and not bf.step() and not inbox.outgoing()
+    assert len(sink.batches) == answered
+
+
 # --- the uplink's part, on a real broker ------------------------------------------------------------
 
 

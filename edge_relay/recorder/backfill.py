@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Final
@@ -47,6 +47,7 @@ log = logging.getLogger("edge_relay.backfill")
 MAX_SAMPLES: Final = 2_000_000  # per request: ~2 h of 2,000 series at 5 s, ~3 MB on the wire in v2
 EXPIRES_MS: Final = 600_000  # a request older than this (queued for an offline node) is refused
 _MAX_RESULTS: Final = 16  # results waiting for a connection; older ones are dropped
+_MAX_ANSWERED: Final = 4096  # answered ids remembered (one request at a time: ~1 a cycle at most)
 
 # --- the inbox between the uplink and the backfiller ----------------------------------------------
 
@@ -60,13 +61,15 @@ class CommandInbox:
         self._lock = threading.Lock()
         self._pending: BackfillRequest | None = None
         self._busy: str | None = None  # id of the request taken or pending
-        self._finished: str | None = None  # id of the last request answered
+        # Ids of the requests answered within the time a request stays valid (EXPIRES_MS): QoS 1 may
+        # deliver one again later (a reconnect, a broker's redelivery), and it must not run twice.
+        self._answered: OrderedDict[str, int] = OrderedDict()
         self._results: deque[bytes] = deque(maxlen=_MAX_RESULTS)
 
     def submit(self, req: BackfillRequest) -> None:
         """A decoded request; refused at once (``busy``) while another one is waiting or running."""
         with self._lock:
-            if req.id == self._finished:
+            if req.id in self._answered:
                 return  # QoS 1 delivered it again after it was answered: not done twice
             if self._busy is None:
                 self._pending, self._busy = req, req.id
@@ -115,7 +118,20 @@ class CommandInbox:
         with self._lock:
             self._results.append(encode_result(res))
             if finished:
-                self._busy, self._finished = None, res.id
+                self._busy = None
+                if res.id is not None:
+                    self._remember(res.id)
+
+    def _remember(self, req_id: str) -> None:
+        now = int(time.time() * 1000)
+        self._answered[req_id] = now
+        self._answered.move_to_end(req_id)
+        # Kept twice as long as a request stays valid (clocks differ): a redelivery after that is
+        # refused as expired anyway.
+        while self._answered and (
+            len(self._answered) > _MAX_ANSWERED or next(iter(self._answered.values())) < now - 2 * EXPIRES_MS
+        ):
+            self._answered.popitem(last=False)
 
     def outgoing(self) -> list[bytes]:
         """The results to publish now (the uplink calls this when connected)."""
@@ -158,7 +174,9 @@ class Backfiller:
         max_samples: int = MAX_SAMPLES,
         spool_max_age_ms: int = 0,
         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        self._monotonic = monotonic
         self._inbox = inbox
         self._recorder = recorder
         self._sink = sink
@@ -184,12 +202,16 @@ class Backfiller:
             if self._job is None:
                 return 0
         job = self._job
-        deadline = time.monotonic() + self.step_seconds
-        spooled = 0
+        deadline = self._monotonic() + self.step_seconds
+        spooled = blocks = 0
         try:
-            while not job.done and (spooled == 0 or time.monotonic() < deadline):
-                batch = next(job.readout, None)
-                if batch is None:
+            # At least one block a step, then as many as the deadline allows, whether or not they
+            # hold anything the selector takes: decoding is the work, not spooling.
+            while not job.done and (blocks == 0 or self._monotonic() < deadline):
+                blocks += 1
+                try:
+                    batch = job.readout.next_block()
+                except StopIteration:
                     lost = job.readout.lost()
                     if lost:
                         log.warning(
@@ -201,7 +223,8 @@ class Backfiller:
                     job.missing += [MissingRange(g.start_ms, g.end_ms, g.reason) for g in lost]
                     job.done = True
                     break
-                spooled += self._spool(job, batch)
+                if batch is not None:
+                    spooled += self._spool(job, batch)
         except Exception as e:  # a recorder or spool fault ends this request, never the cycle
             log.exception("backfill %s failed", job.req.id)
             self._job = None

@@ -92,7 +92,11 @@ class Readout(Iterator[Batch]):
     block that holds samples in the range, oldest first), plus what it could not supply (``missing``,
     known before iterating: from the blocks held when ``read`` was called). Blocks held then but gone
     by the time the iteration reached them (given up for a batch's room, deleted for a bad checksum,
-    undecodable) are in ``lost()`` once the iteration has ended: a paced reader takes minutes."""
+    undecodable) are in ``lost()`` once the iteration has ended: a paced reader takes minutes.
+
+    ``next_block`` reads one stored block at a time, also one that holds nothing the selector takes
+    (None), so that a reader bound to a deadline keeps it whatever the selector matches; iterating
+    skips such blocks."""
 
     def __init__(
         self,
@@ -100,7 +104,7 @@ class Readout(Iterator[Batch]):
         end_ms: int,
         span: tuple[int, int] | None,
         missing: Sequence[Gap],
-        batches: Iterator[Batch],
+        batches: Iterator[Batch | None],
         expected: dict[int, tuple[int, int]] | None = None,
         delivered: set[int] | None = None,
     ) -> None:
@@ -126,8 +130,16 @@ class Readout(Iterator[Batch]):
     def complete(self) -> bool:
         return not self.missing
 
-    def __next__(self) -> Batch:
+    def next_block(self) -> Batch | None:
+        """The next block's samples in the range that the selector takes, None when there are none;
+        ``StopIteration`` once every block is read."""
         return next(self._batches)
+
+    def __next__(self) -> Batch:
+        while True:
+            batch = next(self._batches)
+            if batch is not None:
+                return batch
 
 
 class FlightRecorder:
@@ -334,8 +346,10 @@ class FlightRecorder:
 
     def _batches(
         self, start_ms: int, end_ms: int, match: Match | None, delivered: set[int]
-    ) -> Iterator[Batch]:
+    ) -> Iterator[Batch | None]:
         after = 0
+        if match is not None:
+            match = _remembered(match)
         while True:
             blocks = self._table.blocks(start_ms, end_ms, after_id=after, limit=_READ_CHUNK)
             if not blocks:
@@ -346,11 +360,10 @@ class FlightRecorder:
                     batch = self._decode(block)
                 except (ValueError, codec.DecodeError) as e:
                     self._failed("read", f"cannot decode recorder block {block.id}: {e}")
+                    yield None
                     continue
                 delivered.add(block.id)
-                selected = select(batch, start_ms, end_ms, match)
-                if selected is not None:
-                    yield selected
+                yield select(batch, start_ms, end_ms, match)
 
     def _decode(self, block: RecordedBlock) -> Batch:
         if block.kind == KIND_ENVELOPE:
@@ -420,6 +433,19 @@ def gaps(spans: Sequence[tuple[int, int]], start_ms: int, end_ms: int, max_gap_m
     if end_ms > merged[-1][1]:
         out.append(Gap(max(start_ms, merged[-1][1] + 1), end_ms, "newer_than_recorder"))
     return out
+
+
+def _remembered(match: Match) -> Match:
+    """``match`` asked once per label set of a read: the blocks of a range share most of theirs."""
+    seen: dict[Labels, bool] = {}
+
+    def remembered(labels: Labels) -> bool:
+        hit = seen.get(labels)
+        if hit is None:
+            hit = seen[labels] = bool(match(labels))
+        return hit
+
+    return remembered
 
 
 def select(batch: Batch, start_ms: int, end_ms: int, match: Match | None) -> Batch | None:

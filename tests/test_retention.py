@@ -205,6 +205,29 @@ def test_max_age_evicts_old_batches_with_ledger_entries(tmp_path: Path) -> None:
     spool.close()
 
 
+def test_a_corrupt_time_range_does_not_evict_a_fresh_row_as_old(tmp_path: Path) -> None:
+    """A fresh row whose last_ts_ms was altered on disk (a bit flip, a bad sector) is not evicted as
+    max_age: its metadata checksum fails, so it goes to quarantine as corrupt_row (payload kept), and
+    the rows around it are untouched."""
+    import sqlite3
+
+    spool = Spool(tmp_path / "spool.db")
+    fill(spool, 10, series=10)
+    rows = spool.batches.pending(10, order="oldest_data")
+    victim = rows[-1]
+    db = sqlite3.connect(tmp_path / "spool.db", isolation_level=None)
+    db.execute("UPDATE batches SET last_ts_ms = 1 WHERE seq = ?", (victim.seq,))
+    db.close()
+    now = T0 + 9 * INTERVAL
+    Retention(spool, policy(max_age_ms=60 * INTERVAL), encoder=encoder()).enforce(now)
+    assert "max_age" not in spool.losses.totals()
+    (quarantined,) = spool.batches.quarantined()
+    assert quarantined.seq == victim.seq and quarantined.payload == victim.payload
+    assert "metadata checksum mismatch" in quarantined.reason
+    assert [r.seq for r in spool.batches.pending(10, order="oldest_data")] == [r.seq for r in rows[:-1]]
+    spool.close()
+
+
 def test_make_room_evicts_the_oldest_first(tmp_path: Path) -> None:
     spool = Spool(tmp_path / "spool.db")
     fill(spool, 6, series=5)

@@ -777,6 +777,31 @@ def test_schema_v2_file_migrates_to_staging(spool_path: Path) -> None:
         assert spool.stats().rows == 1
 
 
+def test_a_v4_file_gets_metadata_checksums_and_reads_back(spool_path: Path) -> None:
+    """A spool written before the metadata checksum (schema 4) opens: its rows get theirs from their
+    columns as they are, read back intact, and a column altered afterwards is caught."""
+    with Spool(spool_path) as spool:
+        seqs = [put(spool, b"old-%d" % i, ts=1000 + i) for i in range(3)]
+        spool.staging.stage(b"cycle", first_ts_ms=5, last_ts_ms=6, sample_count=2)
+    conn = raw_conn(spool_path)
+    for table in ("batches", "quarantine", "staging"):
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN meta_checksum")
+    conn.execute("PRAGMA user_version = 4")
+    conn.close()
+    with Spool(spool_path) as spool:
+        assert [r.seq for r in spool.batches.pending(10)] == seqs
+        assert [s.sample_count for s in spool.staging.staged()] == [2]
+    conn = raw_conn(spool_path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    conn.execute("UPDATE batches SET sample_count = 99 WHERE seq = ?", (seqs[1],))
+    conn.execute("UPDATE staging SET last_ts_ms = 0")
+    conn.close()
+    with Spool(spool_path) as spool:
+        assert [r.seq for r in spool.batches.pending(10)] == [seqs[0], seqs[2]]
+        assert spool.staging.staged() == []
+        assert spool.losses.totals()["corrupt_row"] > 0
+
+
 def test_inflight_hasten_brings_expiry_forward_never_back() -> None:
     inflight = InFlight()
     inflight.add(1, 100.0)  # would expire at 160 with a 60 s timeout

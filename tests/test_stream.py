@@ -51,7 +51,7 @@ def samples(batch: Batch) -> set[tuple[Labels, int, int]]:
 
 
 def row_of(seq: int, payload: bytes) -> SpoolRow:
-    return SpoolRow(seq, payload, 0, 0, 0, 1, len(payload), 0, int(time.time() * 1000), 0, None)
+    return SpoolRow(seq, payload, 0, 0, 0, 1, len(payload), 0, int(time.time() * 1000), 0, None, 0)
 
 
 def coder(recent: RecentBatches | None = None, **kw: object) -> StreamCoder:

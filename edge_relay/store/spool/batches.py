@@ -20,6 +20,7 @@ from edge_relay.store.spool.errors import SpoolFullError, is_full, rollback_quie
 from edge_relay.store.spool.losses import LossTable
 from edge_relay.store.spool.schema import (
     COLUMNS,
+    ROW_MARKS,
     QuarantinedRow,
     Replacement,
     SpoolRow,
@@ -374,7 +375,7 @@ class BatchTable:
             values = (*raw[:1], raw[1] if keep_payload else None, *raw[2:], note, now)
             conn.execute(
                 f"INSERT OR REPLACE INTO quarantine ({COLUMNS}, reason, quarantined_ms) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"VALUES ({ROW_MARKS}, ?, ?)",
                 values,
             )
             moved.append((seq, note))

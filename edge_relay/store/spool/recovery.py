@@ -22,7 +22,7 @@ from typing import Final
 
 from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.store.spool.errors import is_full, rollback_quietly
-from edge_relay.store.spool.schema import COLUMNS, SpoolRow, add_loss, row_tuple, verify
+from edge_relay.store.spool.schema import COLUMNS, ROW_MARKS, SpoolRow, add_loss, row_tuple, verify
 
 log = logging.getLogger("edge_relay.spool")
 
@@ -103,7 +103,7 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, path: Path) -> int
         try:
             dst.execute("BEGIN IMMEDIATE")
             dst.executemany(
-                f"INSERT OR IGNORE INTO batches ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT OR IGNORE INTO batches ({COLUMNS}) VALUES ({ROW_MARKS})",
                 [row_tuple(r) for r in rows],
             )
             dst.execute("COMMIT")
@@ -123,13 +123,13 @@ def salvage(src: sqlite3.Connection, dst: sqlite3.Connection, path: Path) -> int
     with contextlib.suppress(sqlite3.Error):
         # Staged cycles (an open batch window) too; the CRC check happens when they are read back.
         staged = src.execute(
-            "SELECT payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size, created_ms"
-            " FROM staging ORDER BY id"
+            "SELECT payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size, created_ms,"
+            " meta_checksum FROM staging ORDER BY id"
         ).fetchall()
         dst.execute("BEGIN IMMEDIATE")
         dst.executemany(
             "INSERT INTO staging (payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size,"
-            " created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            " created_ms, meta_checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             staged,
         )
         dst.execute("COMMIT")

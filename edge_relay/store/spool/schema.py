@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import operator
 import sqlite3
+import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,13 +20,14 @@ from typing import Final, cast
 from edge_relay.ledger import LossRecord
 from edge_relay.store.spool.errors import SpoolError, rollback_quietly
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 _LEDGER_BUCKET_MS: Final = 3_600_000  # ledger entries of one reason and series add up within this
 
 COLUMNS: Final = (
     "seq, payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size, priority, created_ms, "
-    "attempts, last_sent_ms"
+    "attempts, last_sent_ms, meta_checksum"
 )
+ROW_MARKS: Final = ", ".join("?" * len(COLUMNS.split(",")))  # one placeholder per column of COLUMNS
 
 _SCHEMA_V1: Final = (
     "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL)",
@@ -111,7 +113,12 @@ _SCHEMA_V4: Final = (
         payload BLOB
     )""",
 )
-_MIGRATIONS: Final = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4)
+# v5: a second checksum over the columns that decide a row's fate (its seq, time range, counts, size,
+# priority, creation), so that a corrupt last_ts_ms cannot evict a fresh row as max_age, nor a corrupt
+# sample_count ledger the wrong count: the payload's CRC alone left them unchecked. Rows of an older
+# spool get theirs from their columns as they are (nothing better is known of them).
+_META_CHECKSUM_TABLES: Final = ("batches", "quarantine", "staging")
+_MIGRATIONS: Final = (_SCHEMA_V1, _SCHEMA_V2, _SCHEMA_V3, _SCHEMA_V4, ())
 _MAX_VARS: Final = 500  # below SQLITE_MAX_VARIABLE_NUMBER (999) of old SQLite builds
 
 
@@ -128,11 +135,42 @@ def migrate(conn: sqlite3.Connection, path: object) -> None:
         for statements in _MIGRATIONS[version:]:
             for stmt in statements:
                 conn.execute(stmt)
+        if version < 5:
+            for table in _META_CHECKSUM_TABLES:
+                columns = {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}
+                if "meta_checksum" not in columns:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN meta_checksum INTEGER")
+            _fill_meta_checksums(conn)
         conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.execute("COMMIT")
     except BaseException:
         rollback_quietly(conn)
         raise
+
+
+def meta_checksum(*columns: int) -> int:
+    """CRC-32 of the integer columns that decide a row's fate, in the order the table lists them."""
+    try:
+        return zlib.crc32(struct.pack(f"<{len(columns)}q", *columns))
+    except struct.error:  # out of SQLite's 64-bit range: not a value any column can hold
+        return -1
+
+
+def _fill_meta_checksums(conn: sqlite3.Connection) -> None:
+    rows = conn.execute(
+        "SELECT seq, first_ts_ms, last_ts_ms, sample_count, byte_size, priority, created_ms FROM batches"
+    ).fetchall()
+    conn.executemany(
+        "UPDATE batches SET meta_checksum = ? WHERE seq = ?",
+        [(meta_checksum(*r), r[0]) for r in rows if all(type(v) is int for v in r)],
+    )
+    rows = conn.execute(
+        "SELECT id, first_ts_ms, last_ts_ms, sample_count, byte_size, created_ms FROM staging"
+    ).fetchall()
+    conn.executemany(
+        "UPDATE staging SET meta_checksum = ? WHERE id = ?",
+        [(meta_checksum(*r[1:]), r[0]) for r in rows if all(type(v) is int for v in r)],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +188,7 @@ class SpoolRow:
     created_ms: int
     attempts: int
     last_sent_ms: int | None
+    meta_checksum: int  # meta_checksum(seq, first_ts_ms, last_ts_ms, sample_count, byte_size, ...)
 
     @property
     def was_sent(self) -> bool:
@@ -174,6 +213,7 @@ class QuarantinedRow:
     created_ms: int | None
     attempts: int | None
     last_sent_ms: int | None
+    meta_checksum: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +229,7 @@ class Replacement:
 
 def verify(raw: Sequence[object]) -> SpoolRow | str:
     """The row if it is intact, else the reason it is not."""
-    seq, payload, checksum, first, last, count, size, prio, created, attempts, last_sent = raw
+    seq, payload, checksum, first, last, count, size, prio, created, attempts, last_sent, meta = raw
     if payload is None:
         return "payload is NULL"
     if not isinstance(payload, bytes):
@@ -203,7 +243,11 @@ def verify(raw: Sequence[object]) -> SpoolRow | str:
     crc = zlib.crc32(payload)
     if crc != crc_stored:
         return f"checksum mismatch: stored {crc_stored:#010x}, computed {crc:#010x}"
-    return SpoolRow(s, payload, crc_stored, f, la, n, z, p, c, a, last_sent)
+    fate = meta_checksum(s, f, la, n, z, p, c)
+    if meta != fate:
+        shown = f"{meta:#010x}" if type(meta) is int else repr(meta)
+        return f"metadata checksum mismatch: stored {shown}, computed {fate:#010x} (a column was altered)"
+    return SpoolRow(s, payload, crc_stored, f, la, n, z, p, c, a, last_sent, fate)
 
 
 def row_tuple(r: SpoolRow) -> tuple[object, ...]:
@@ -219,6 +263,7 @@ def row_tuple(r: SpoolRow) -> tuple[object, ...]:
         r.created_ms,
         r.attempts,
         r.last_sent_ms,
+        r.meta_checksum,
     )
 
 
@@ -227,7 +272,7 @@ def quarantined_row(r: Sequence[object]) -> QuarantinedRow:
         return v if type(v) is int else None
 
     seq, payload, *ints, reason, quarantined_ms = r
-    checksum, first, last, count, size, prio, created, attempts, last_sent = (num(v) for v in ints)
+    checksum, first, last, count, size, prio, created, attempts, last_sent, meta = (num(v) for v in ints)
     return QuarantinedRow(
         seq=cast(int, seq),
         reason=str(reason),
@@ -242,6 +287,7 @@ def quarantined_row(r: Sequence[object]) -> QuarantinedRow:
         created_ms=created,
         attempts=attempts,
         last_sent_ms=last_sent,
+        meta_checksum=meta,
     )
 
 
@@ -264,19 +310,10 @@ def insert_batches(conn: sqlite3.Connection, items: Sequence[Replacement], now_m
         if not isinstance(payload, bytes | bytearray | memoryview):
             raise TypeError(f"encode() must return bytes, not {type(payload).__name__}")
         blob = bytes(payload)
+        fate = (seq, item.first_ts_ms, item.last_ts_ms, item.sample_count, len(blob), item.priority, now_ms)
         conn.execute(
-            f"INSERT INTO batches ({COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 0, NULL)",
-            (
-                seq,
-                blob,
-                zlib.crc32(blob),
-                item.first_ts_ms,
-                item.last_ts_ms,
-                item.sample_count,
-                len(blob),
-                item.priority,
-                now_ms,
-            ),
+            f"INSERT INTO batches ({COLUMNS}) VALUES ({ROW_MARKS})",
+            (seq, blob, zlib.crc32(blob), *fate[1:], 0, None, meta_checksum(*fate)),
         )
         seqs.append(seq)
     conn.execute("UPDATE meta SET value = ? WHERE key = 'last_seq'", (seq,))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.store.spool.losses import LossTable
-from edge_relay.store.spool.schema import Replacement, chunks, insert_batches, marks
+from edge_relay.store.spool.schema import Replacement, chunks, insert_batches, marks, meta_checksum
 from edge_relay.store.spool.store import Store
 
 log = logging.getLogger("edge_relay.spool")
@@ -50,10 +50,11 @@ class StagingTable:
 
         def op(conn: sqlite3.Connection) -> int:
             conn.execute("BEGIN IMMEDIATE")
+            fate = (first, last, count, len(blob), self._store.clock_ms())
             cur = conn.execute(
                 "INSERT INTO staging (payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size,"
-                " created_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (blob, zlib.crc32(blob), first, last, count, len(blob), self._store.clock_ms()),
+                " created_ms, meta_checksum) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (blob, zlib.crc32(blob), *fate, meta_checksum(*fate)),
             )
             conn.execute("COMMIT")
             return int(cur.lastrowid or 0)
@@ -66,17 +67,18 @@ class StagingTable:
 
         def op(conn: sqlite3.Connection) -> list[StagedRow]:
             rows = conn.execute(
-                "SELECT id, payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size FROM staging"
-                " ORDER BY id"
+                "SELECT id, payload, checksum, first_ts_ms, last_ts_ms, sample_count, byte_size, created_ms,"
+                " meta_checksum FROM staging ORDER BY id"
             ).fetchall()
             good: list[StagedRow] = []
             bad: list[tuple[int, int, int, int]] = []
-            for rid, payload, checksum, first, last, count, size in rows:
+            for rid, payload, checksum, first, last, count, size, created, meta in rows:
                 ok = (
                     isinstance(payload, bytes)
                     and len(payload) == size
                     and zlib.crc32(payload) == checksum
-                    and all(type(v) is int for v in (first, last, count))
+                    and all(type(v) is int for v in (first, last, count, created))
+                    and meta == meta_checksum(first, last, count, size, created)
                 )
                 if ok:
                     good.append(StagedRow(rid, payload, first, last, count))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
@@ -13,7 +12,6 @@ from array import array
 from collections.abc import Callable
 from itertools import chain
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import msgpack
@@ -24,20 +22,10 @@ from hypothesis import strategies as st
 
 from schemas import codec, schema_path
 from schemas.codec import DEFAULT_LIMITS, AckResult, DecodeError, EncodeError, Limits, v1
+from schemas.codec.envelope import open_envelope
+from schemas.golden import vectors as mg
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 
-
-def _load_golden(name: str) -> ModuleType:
-    # The crafting helpers live beside the vectors they make; load the scripts as modules.
-    spec = importlib.util.spec_from_file_location(name, schema_path(f"golden/{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mg = _load_golden("make_golden")
-g3 = _load_golden("golden_v3")  # the v3 vectors' streams
 GOLDEN = schema_path("golden")
 T0 = mg.T0
 
@@ -265,7 +253,7 @@ def test_known_label_sets_skip_only_their_own_checks(as_set: bool, with_distinct
 
 
 def v1_body(batch: Batch) -> bytes:
-    return b"".join(chain.from_iterable(v1._body_parts(batch)))
+    return b"".join(chain.from_iterable(v1.body_parts(batch)))
 
 
 def test_v1_label_cache_holds_recent_label_sets_only() -> None:
@@ -277,7 +265,7 @@ def test_v1_label_cache_holds_recent_label_sets_only() -> None:
             "c", "n", 1, labelsets, [ScrapeBlock(T0, array("I", range(50)), array("d", [1.0] * 50))]
         )
         v1_body(batch)
-    assert len(v1._packed) + len(v1._packed_before) <= 2 * v1._GENERATION * 50
+    assert v1.cached_label_sets() <= 2 * v1.GENERATION * 50
 
 
 @settings(max_examples=200, deadline=None)
@@ -315,7 +303,7 @@ def _expected(path: Path) -> dict[str, Any]:
 
 
 def _raw_body(data: bytes) -> bytes:
-    _header, body = codec._decode_envelope_v1(memoryview(data)[4:], DEFAULT_LIMITS)
+    _header, body, _decode_body = open_envelope(data, DEFAULT_LIMITS)
     return zstandard.ZstdDecompressor().decompress(body)
 
 

@@ -21,7 +21,6 @@ from test_codec import (  # shared helpers
     _golden,
     _measure,
     decode_error,
-    mg,
 )
 
 from edge_relay.collect.parse import SeriesCache, parse
@@ -29,6 +28,9 @@ from edge_relay.collect.shape import TargetShaper
 from edge_relay.encode.batches import to_batch
 from schemas import codec, columnar
 from schemas.codec import DEFAULT_LIMITS, DecodeError, EncodeError, Limits
+from schemas.codec.envelope import open_envelope
+from schemas.codec.v2 import split_streams
+from schemas.golden import vectors as mg
 from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 from schemas.values import ValueDecoder, ValueEncoder, decimal_scale
 from simulator import EXPORTERS, Simulator
@@ -80,8 +82,8 @@ def check_shape(batch: Batch) -> None:
 
 
 def raw_streams(data: bytes) -> list[bytes]:
-    _header, body = codec._decode_envelope_v2(memoryview(data)[4:], DEFAULT_LIMITS)
-    return codec._v2_streams(body, DEFAULT_LIMITS)
+    _header, body, _decode_body = open_envelope(data, DEFAULT_LIMITS)
+    return split_streams(body, DEFAULT_LIMITS)
 
 
 def envelope(streams: list[bytes], batch: Batch | None = None, **fields: Any) -> bytes:

@@ -47,7 +47,7 @@ _BLOCK_FLAGS: Final = BLOCK_MEMBERS | BLOCK_TIMESTAMPS
 
 def pack_body(base: State | None, content: bytes, level: int, *, multicycle: bool = False) -> bytes:
     """The v3 body: frame kind byte, the base state id (delta frames), one zstd frame of the content.
-    ``multicycle``: the content is in the multi-cycle layout (``multicycle``, kinds 0x02/0x03)."""
+    ``multicycle``: the content is in the multi-cycle layout (module ``multicycle``, kinds 0x02/0x03)."""
     if base is None:
         prefix = bytes((FRAME_MC_KEY if multicycle else FRAME_KEY,))
     else:

@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from test_codec import (  # shared helpers
     GOLDEN,
     T0,
-    _bad_batch,
-    _expected,
-    _golden,
-    _measure,
+    bad_batch,
     decode_error,
+    golden_json,
+    golden_paths,
+    measure_refusal,
 )
 
 from edge_relay.collect.parse import SeriesCache, parse
@@ -486,13 +486,13 @@ def test_small_pieces() -> None:
 
 
 def test_golden_v2_covers_the_v1_batches() -> None:
-    assert {p.stem for p in _golden("v2_batch_")} >= {f"v2_{p.stem}" for p in _golden("batch_")}
+    assert {p.stem for p in golden_paths("v2_batch_")} >= {f"v2_{p.stem}" for p in golden_paths("batch_")}
 
 
-@pytest.mark.parametrize("path", _golden("v2_batch_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("v2_batch_"), ids=lambda p: p.stem)
 def test_golden_v2_batch(path: Path) -> None:
     data = path.read_bytes()
-    expected = _expected(path)
+    expected = golden_json(path)
     assert expected["kind"] == "batch" and expected["header"]["version"] == 2
     header, batch = codec.decode_batch_with_header(data)
     assert codec.batch_to_json(header, batch) == {
@@ -510,9 +510,9 @@ def test_golden_v2_batch(path: Path) -> None:
         assert samples(codec.decode_batch(v1.read_bytes())) == samples(batch)
 
 
-@pytest.mark.parametrize("path", _golden("v2_invalid_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("v2_invalid_"), ids=lambda p: p.stem)
 def test_golden_v2_invalid(path: Path) -> None:
-    assert decode_error(path.read_bytes()).reason == _expected(path)["error"]
+    assert decode_error(path.read_bytes()).reason == golden_json(path)["error"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -643,14 +643,14 @@ def test_peek_header_does_not_decompress() -> None:
 # hostile input
 
 
-@pytest.mark.parametrize("path", _golden("v2_batch_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("v2_batch_"), ids=lambda p: p.stem)
 def test_truncated_at_every_offset(path: Path) -> None:
     data = path.read_bytes()
     for cut in range(len(data)):
         decode_error(data[:cut])
 
 
-@pytest.mark.parametrize("path", _golden("v2_batch_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("v2_batch_"), ids=lambda p: p.stem)
 def test_every_single_byte_corruption(path: Path) -> None:
     data = path.read_bytes()
     rnd = random.Random(path.stem)
@@ -731,7 +731,7 @@ def test_huge_claims_fail_fast(name: str) -> None:
     changes, reason = _HUGE_CLAIMS[name]
     limits = Limits(max_samples=300_000, max_series=200_000)
     data = _env(changes)
-    err, elapsed, peak = _measure(lambda: decode_error(data, limits))
+    err, elapsed, peak = measure_refusal(lambda: decode_error(data, limits))
     assert err.reason == reason, err
     assert elapsed < 1.0, elapsed
     assert peak < 8 << 20, peak
@@ -741,7 +741,7 @@ def test_many_groups_of_empty_series_stay_bounded() -> None:
     # 200 000 one-series groups without samples: legal counts, bounded work, refused by the labels.
     groups = uv(200_000) + uv(1, 0) * 200_000
     data = _env({"GROUPS": groups}, n=0)
-    err, elapsed, peak = _measure(lambda: decode_error(data))
+    err, elapsed, peak = measure_refusal(lambda: decode_error(data))
     assert err.reason == "length_mismatch"
     assert elapsed < 10 and peak < 64 << 20, (elapsed, peak)
 
@@ -772,7 +772,7 @@ def test_encoder_limits() -> None:
 
 
 def test_unvalidated_garbage_is_an_encode_error() -> None:
-    batch = _bad_batch(scrapes=[ScrapeBlock(T0, array("I", [7]), array("d", [1.0]))])
+    batch = bad_batch(scrapes=[ScrapeBlock(T0, array("I", [7]), array("d", [1.0]))])
     with pytest.raises(EncodeError) as info:
         encode2(batch, validate=False)
     assert info.value.reason == "malformed"

@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from edge_relay.collect.parse import SeriesCache, parse
 from edge_relay.collect.shape import TargetShaper
 from schemas import codec, columnar
-from schemas.codec.v2 import _encode_labels_v2
+from schemas.codec.label_columns import encode_labels
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock
 from schemas.values import decimals
 
@@ -262,7 +262,7 @@ class Variant:
             for labels in added:
                 st.ids[labels] = len(st.labels)
                 st.labels.append(labels)
-        dict_streams = _encode_labels_v2(added) if added else (b"",) * 5
+        dict_streams = encode_labels(added) if added else (b"",) * 5
         head = bytearray()
         columnar.put_uvarint(head, len(added))
         values = self._values(order, st, frozen)
@@ -331,9 +331,9 @@ class Variant:
         n_added = columnar.Reader(parts[0], "head").uvarint()
         added: list[Labels] = []
         if n_added:
-            from schemas.codec.v2 import _read_labels_v2
+            from schemas.codec.label_columns import read_labels
 
-            added = _read_labels_v2(parts[1:6], n_added, codec.DEFAULT_LIMITS)
+            added = read_labels(parts[1:6], n_added, codec.DEFAULT_LIMITS)
         labels = st.labels + added
         r = columnar.Reader(parts[6], "blocks")
         out_blocks: list[tuple[int, int, list[int]]] = []
@@ -625,9 +625,9 @@ def _window_batches(frames: list[Frame], window: int, source: object) -> list[Ba
 def _frame_content(data: bytes) -> tuple[int, bytes]:
     """(envelope bytes around the zstd frame, decompressed content) of a v3 frame."""
     from schemas.codec import v3
-    from schemas.codec.envelope import _open_envelope
+    from schemas.codec.envelope import open_envelope
 
-    _, body, _ = _open_envelope(data, codec.DEFAULT_LIMITS)
+    _, body, _ = open_envelope(data, codec.DEFAULT_LIMITS)
     compressed = v3.split_body(body)[1]
     return len(data) - len(compressed), v3.content_of(compressed, codec.DEFAULT_LIMITS)
 

@@ -26,7 +26,8 @@ from itertools import accumulate
 from operator import sub
 from typing import Final, NoReturn
 
-_BIG_ENDIAN: Final = sys.byteorder == "big"
+# The wire is little-endian, array() native-endian: columns are byte-swapped on big-endian hosts.
+BIG_ENDIAN: Final = sys.byteorder == "big"
 
 
 def _typecode(size: int, signed: bool) -> str:
@@ -53,7 +54,7 @@ KIND_BITS: Final = 0x1F
 KIND_ORDER2: Final = 0x20
 KIND_STALE: Final = 0x40
 KIND_XOR: Final = 0x80
-_KIND_EXPONENT: Final = 0x1F
+KIND_EXPONENT: Final = 0x1F  # the mask of bits 0-4
 
 
 class ColumnError(ValueError):
@@ -191,7 +192,7 @@ def unshuffle(data: bytes, width: int) -> bytes:
 def pack_ints(values: Sequence[int], width: int, signed: bool = True) -> bytes:
     """Little-endian two's complement (or unsigned) items of ``width`` bytes, shuffled."""
     col = array((SIGNED if signed else UNSIGNED)[width], values)
-    if _BIG_ENDIAN:
+    if BIG_ENDIAN:
         col.byteswap()
     return shuffle(col.tobytes(), width)
 
@@ -201,7 +202,7 @@ def unpack_ints(data: bytes, width: int, signed: bool = True, name: str = "colum
         fail("length_mismatch", f"{name}: {len(data)} bytes is not a multiple of {width}")
     col = array((SIGNED if signed else UNSIGNED)[width])
     col.frombytes(unshuffle(data, width))
-    if _BIG_ENDIAN:
+    if BIG_ENDIAN:
         col.byteswap()
     return col
 
@@ -237,7 +238,7 @@ def unsigned_width(count: int) -> int:
 def f64_bytes(values: Sequence[float]) -> bytes:
     """Little-endian bytes of a float64 column (any bit pattern kept)."""
     col = array("d", values)
-    if _BIG_ENDIAN:
+    if BIG_ENDIAN:
         col.byteswap()
     return col.tobytes()
 
@@ -245,7 +246,7 @@ def f64_bytes(values: Sequence[float]) -> bytes:
 def f64_bits(values: Sequence[float]) -> array:
     bits = array("Q")
     bits.frombytes(f64_bytes(values))
-    if _BIG_ENDIAN:
+    if BIG_ENDIAN:
         bits.byteswap()
     return bits
 

@@ -15,9 +15,9 @@ from operator import sub, xor
 from typing import Final
 
 from schemas.columnar import (
-    _BIG_ENDIAN,
-    _KIND_EXPONENT,
+    BIG_ENDIAN,
     KIND_BITS,
+    KIND_EXPONENT,
     KIND_ORDER2,
     KIND_STALE,
     KIND_XOR,
@@ -232,7 +232,7 @@ class ValueEncoder:
         """VKIND, VFIRST, VDELTA1, VDELTA2, VDELTA4, VDELTA8, VSTALE, VXOR."""
         d = self.deltas
         xor_col = array("Q", self.xor)
-        if _BIG_ENDIAN:
+        if BIG_ENDIAN:
             xor_col.byteswap()
         return (
             bytes(self.kinds),
@@ -287,7 +287,7 @@ class ValueDecoder:
             fail("length_mismatch", "VKIND: a kind byte without its width byte")
         width = kinds[pos + 1]
         self._kind_pos = pos + 2
-        k = kind & _KIND_EXPONENT
+        k = kind & KIND_EXPONENT
         raw_bits = k == KIND_BITS
         if kind & KIND_XOR or (k > MAX_EXPONENT and not raw_bits) or (raw_bits and kind & KIND_STALE):
             fail("malformed", f"VKIND: unknown series kind 0x{kind:02x}")

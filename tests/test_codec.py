@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import random
@@ -13,7 +12,6 @@ from array import array
 from collections.abc import Callable
 from itertools import chain
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import msgpack
@@ -24,20 +22,10 @@ from hypothesis import strategies as st
 
 from schemas import codec, schema_path
 from schemas.codec import DEFAULT_LIMITS, AckResult, DecodeError, EncodeError, Limits, v1
+from schemas.codec.envelope import open_envelope
+from schemas.golden import vectors as mg
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 
-
-def _load_golden(name: str) -> ModuleType:
-    # The crafting helpers live beside the vectors they make; load the scripts as modules.
-    spec = importlib.util.spec_from_file_location(name, schema_path(f"golden/{name}.py"))
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-mg = _load_golden("make_golden")
-g3 = _load_golden("golden_v3")  # the v3 vectors' streams
 GOLDEN = schema_path("golden")
 T0 = mg.T0
 
@@ -265,7 +253,7 @@ def test_known_label_sets_skip_only_their_own_checks(as_set: bool, with_distinct
 
 
 def v1_body(batch: Batch) -> bytes:
-    return b"".join(chain.from_iterable(v1._body_parts(batch)))
+    return b"".join(chain.from_iterable(v1.body_parts(batch)))
 
 
 def test_v1_label_cache_holds_recent_label_sets_only() -> None:
@@ -277,7 +265,7 @@ def test_v1_label_cache_holds_recent_label_sets_only() -> None:
             "c", "n", 1, labelsets, [ScrapeBlock(T0, array("I", range(50)), array("d", [1.0] * 50))]
         )
         v1_body(batch)
-    assert len(v1._packed) + len(v1._packed_before) <= 2 * v1._GENERATION * 50
+    assert v1.cached_label_sets() <= 2 * v1.GENERATION * 50
 
 
 @settings(max_examples=200, deadline=None)
@@ -303,25 +291,25 @@ def test_v1_body_is_the_whole_map_packed_at_once(batch: Batch, as_lists: bool) -
 # golden vectors
 
 
-def _golden(prefix: str) -> list[Path]:
+def golden_paths(prefix: str) -> list[Path]:
     found = sorted(GOLDEN.glob(f"{prefix}*.bin"))
     assert found, f"no golden vectors {prefix}*.bin in {GOLDEN}"
     return found
 
 
-def _expected(path: Path) -> dict[str, Any]:
+def golden_json(path: Path) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(path.with_suffix(".json").read_text(encoding="utf-8"))
     return result
 
 
 def _raw_body(data: bytes) -> bytes:
-    _header, body = codec._decode_envelope_v1(memoryview(data)[4:], DEFAULT_LIMITS)
+    _header, body, _decode_body = open_envelope(data, DEFAULT_LIMITS)
     return zstandard.ZstdDecompressor().decompress(body)
 
 
-@pytest.mark.parametrize("path", _golden("batch_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("batch_"), ids=lambda p: p.stem)
 def test_golden_batch_decodes_to_its_json(path: Path) -> None:
-    expected = _expected(path)
+    expected = golden_json(path)
     assert expected["kind"] == "batch"
     header, batch = codec.decode_batch_with_header(path.read_bytes())
     got = codec.batch_to_json(header, batch)
@@ -335,10 +323,10 @@ def test_golden_batch_decodes_to_its_json(path: Path) -> None:
                 assert math.copysign(1, value) == math.copysign(1, readable)
 
 
-@pytest.mark.parametrize("path", _golden("batch_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("batch_"), ids=lambda p: p.stem)
 def test_golden_batch_re_encodes(path: Path) -> None:
     data = path.read_bytes()
-    expected = _expected(path)
+    expected = golden_json(path)
     header, batch = codec.decode_batch_with_header(data)
     again = codec.encode_batch(batch, expected["encoder"]["zstd_level"], version=codec.FORMAT_V1)
     assert codec.batch_to_json(*codec.decode_batch_with_header(again)) == codec.batch_to_json(header, batch)
@@ -346,9 +334,9 @@ def test_golden_batch_re_encodes(path: Path) -> None:
     assert _raw_body(again) == _raw_body(data)
 
 
-@pytest.mark.parametrize("path", _golden("batch_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("batch_"), ids=lambda p: p.stem)
 def test_golden_batch_bytes_stable(path: Path) -> None:
-    encoder = _expected(path)["encoder"]
+    encoder = golden_json(path)["encoder"]
     running = ".".join(map(str, zstandard.ZSTD_VERSION))
     if running != encoder["zstd"]:
         pytest.skip(f"vectors made with zstd {encoder['zstd']}, running {running}: bytes may differ")
@@ -356,9 +344,9 @@ def test_golden_batch_bytes_stable(path: Path) -> None:
     assert codec.encode_batch(batch, encoder["zstd_level"], version=codec.FORMAT_V1) == path.read_bytes()
 
 
-@pytest.mark.parametrize("path", _golden("ack_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("ack_"), ids=lambda p: p.stem)
 def test_golden_ack(path: Path) -> None:
-    expected = _expected(path)["decoded"]
+    expected = golden_json(path)["decoded"]
     ack = codec.decode_ack(path.read_bytes())
     assert mg.ack_view(ack) == expected
     results = [AckResult(*r) for r in expected["results"]]
@@ -372,31 +360,31 @@ def test_golden_control_vectors_are_what_make_golden_makes() -> None:
     made = {name: v for name, v in mg.vectors().items() if v[1]["kind"] in ("ack", "status")}
     on_disk = {p.stem for prefix in ("ack_", "status_") for p in GOLDEN.glob(f"{prefix}*.bin")}
     assert set(made) == on_disk
-    acks = [_expected(GOLDEN / f"{name}.bin")["decoded"] for name in made if name.startswith("ack_")]
+    acks = [golden_json(GOLDEN / f"{name}.bin")["decoded"] for name in made if name.startswith("ack_")]
     assert any("inc" in ack for ack in acks)  # every kind of result, with and without an incarnation
     assert {r[1] for ack in acks for r in ack["results"]} == {"ok", "rejected", "partial", "need_state"}
     for name, (data, view) in made.items():
         assert (GOLDEN / f"{name}.bin").read_bytes() == data, name
-        assert _expected(GOLDEN / f"{name}.bin") == json.loads(json.dumps(view)), name
+        assert golden_json(GOLDEN / f"{name}.bin") == json.loads(json.dumps(view)), name
 
 
-@pytest.mark.parametrize("path", _golden("status_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("status_"), ids=lambda p: p.stem)
 def test_golden_status(path: Path) -> None:
-    expected = _expected(path)["decoded"]
+    expected = golden_json(path)["decoded"]
     assert codec.decode_status(path.read_bytes()) == expected
     assert codec.encode_status(expected) == path.read_bytes()
 
 
-@pytest.mark.parametrize("path", _golden("invalid_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("invalid_"), ids=lambda p: p.stem)
 def test_golden_invalid(path: Path) -> None:
-    assert decode_error(path.read_bytes()).reason == _expected(path)["error"]
+    assert decode_error(path.read_bytes()).reason == golden_json(path)["error"]
 
 
 def test_golden_vectors_are_paired() -> None:
     bins = {p.stem for p in GOLDEN.glob("*.bin")}
     jsons = {p.stem for p in GOLDEN.glob("*.json")}
     assert bins == jsons
-    kinds = {_expected(GOLDEN / f"{name}.bin")["kind"] for name in bins}
+    kinds = {golden_json(GOLDEN / f"{name}.bin")["kind"] for name in bins}
     assert kinds == {"batch", "ack", "status", "invalid_batch"}
 
 
@@ -507,7 +495,7 @@ def test_peek_header_does_not_decompress() -> None:
 # hostile input
 
 
-@pytest.mark.parametrize("path", _golden("batch_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("batch_"), ids=lambda p: p.stem)
 def test_truncated_at_every_offset(path: Path) -> None:
     data = path.read_bytes()
     for cut in range(len(data)):
@@ -515,7 +503,7 @@ def test_truncated_at_every_offset(path: Path) -> None:
         decode_error(data[:cut], peek=True)
 
 
-@pytest.mark.parametrize("path", _golden("batch_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("batch_"), ids=lambda p: p.stem)
 def test_every_single_byte_corruption(path: Path) -> None:
     data = path.read_bytes()
     rnd = random.Random(path.stem)
@@ -548,7 +536,7 @@ def test_fuzz_decode_batch(blob: bytes) -> None:
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_fuzz_mutated_golden(data: st.DataObject) -> None:
-    path = data.draw(st.sampled_from(_golden("batch_")))
+    path = data.draw(st.sampled_from(golden_paths("batch_")))
     blob = bytearray(path.read_bytes())
     for _ in range(data.draw(st.integers(1, 4))):
         pos = data.draw(st.integers(0, len(blob) - 1))
@@ -575,7 +563,7 @@ def test_fuzz_structured_bodies(obj: Any) -> None:
     decode_error(mg.raw_envelope(mg.header_for(mg.raw_body([UP], obj if isinstance(obj, list) else [obj]))))
 
 
-def _measure(fn: Callable[[], DecodeError]) -> tuple[DecodeError, float, int]:
+def measure_refusal(fn: Callable[[], DecodeError]) -> tuple[DecodeError, float, int]:
     """Run a refusing decode under tracemalloc: (error, seconds, peak traced bytes)."""
     tracemalloc.start()
     start = time.monotonic()
@@ -601,13 +589,13 @@ def test_decompression_bomb_1gib_streamed() -> None:
     body = _streamed_zero_bomb(1 << 30)
     assert len(body) < 64 << 10
     data = mg.raw_envelope(mg.header_for(body))
-    err, elapsed, peak = _measure(lambda: decode_error(data))
+    err, elapsed, peak = measure_refusal(lambda: decode_error(data))
     assert err.reason == "decompression_limit"
     assert peak < DEFAULT_LIMITS.max_decompressed_bytes * 1.25, peak
     assert elapsed < 10, elapsed
     # The memory bound follows the cap, not the bomb.
     small = _limits(max_decompressed_bytes=1 << 20)
-    err, elapsed, peak = _measure(lambda: decode_error(data, small))
+    err, elapsed, peak = measure_refusal(lambda: decode_error(data, small))
     assert err.reason == "decompression_limit"
     assert peak < 3 << 20, peak
 
@@ -627,7 +615,7 @@ def test_decompression_bomb_1gib_streamed() -> None:
 def test_decompression_bombs_crafted(frame: Callable[[], bytes]) -> None:
     data = mg.raw_envelope(mg.header_for(frame()))
     assert len(data) <= DEFAULT_LIMITS.max_payload_bytes
-    err, elapsed, peak = _measure(lambda: decode_error(data))
+    err, elapsed, peak = measure_refusal(lambda: decode_error(data))
     assert err.reason in {"decompression_limit", "bad_compression"}
     assert peak < DEFAULT_LIMITS.max_decompressed_bytes * 1.25, peak
     assert elapsed < 10, elapsed
@@ -761,7 +749,7 @@ def test_many_unique_labels_stay_bounded() -> None:
         labelsets.append(flat)
     data = env(labelsets, [])
     assert len(data) < DEFAULT_LIMITS.max_payload_bytes
-    err, elapsed, peak = _measure(lambda: decode_error(data))
+    err, elapsed, peak = measure_refusal(lambda: decode_error(data))
     assert err.reason == "too_many_label_pairs"
     assert peak < 400 << 20, peak
     assert elapsed < 30, elapsed
@@ -771,7 +759,7 @@ def test_many_unique_labels_stay_bounded() -> None:
 # encoder-side validation
 
 
-def _bad_batch(**changes: Any) -> Batch:
+def bad_batch(**changes: Any) -> Batch:
     batch = mg.batch_small()
     for key, value in changes.items():
         setattr(batch, key, value)
@@ -781,32 +769,32 @@ def _bad_batch(**changes: Any) -> Batch:
 @pytest.mark.parametrize(
     ("batch", "reason"),
     [
-        (_bad_batch(seq=0), "bad_header"),
-        (_bad_batch(seq=True), "malformed"),
-        (_bad_batch(node="a+b"), "bad_header"),
-        (_bad_batch(cluster=5), "malformed"),
-        (_bad_batch(labelsets=[(("job", "x"), ("__name__", "up"))]), "unsorted_labels"),
+        (bad_batch(seq=0), "bad_header"),
+        (bad_batch(seq=True), "malformed"),
+        (bad_batch(node="a+b"), "bad_header"),
+        (bad_batch(cluster=5), "malformed"),
+        (bad_batch(labelsets=[(("job", "x"), ("__name__", "up"))]), "unsorted_labels"),
         (
-            _bad_batch(labelsets=[(("__name__", "up"),), (("__name__", "up"),)], scrapes=[]),
+            bad_batch(labelsets=[(("__name__", "up"),), (("__name__", "up"),)], scrapes=[]),
             "duplicate_series",
         ),
-        (_bad_batch(labelsets=[(("__name__", "up"), ("a", ""))], scrapes=[]), "empty_label_value"),
-        (_bad_batch(labelsets=[[("__name__", "up")]], scrapes=[]), "malformed"),
-        (_bad_batch(labelsets=[(("__name__", "up", "x"),)], scrapes=[]), "malformed"),
-        (_bad_batch(labelsets=[(("__name__", b"up"),)], scrapes=[]), "malformed"),
-        (_bad_batch(labelsets=[(("__name__", "up"), ("a", "\udc80"))], scrapes=[]), "malformed"),
-        (_bad_batch(scrapes=[ScrapeBlock(T0, array("I", [5]), array("d", [1.0]))]), "bad_index"),
-        (_bad_batch(scrapes=[ScrapeBlock(T0, array("I", [0, 1]), array("d", [1.0]))]), "length_mismatch"),
+        (bad_batch(labelsets=[(("__name__", "up"), ("a", ""))], scrapes=[]), "empty_label_value"),
+        (bad_batch(labelsets=[[("__name__", "up")]], scrapes=[]), "malformed"),
+        (bad_batch(labelsets=[(("__name__", "up", "x"),)], scrapes=[]), "malformed"),
+        (bad_batch(labelsets=[(("__name__", b"up"),)], scrapes=[]), "malformed"),
+        (bad_batch(labelsets=[(("__name__", "up"), ("a", "\udc80"))], scrapes=[]), "malformed"),
+        (bad_batch(scrapes=[ScrapeBlock(T0, array("I", [5]), array("d", [1.0]))]), "bad_index"),
+        (bad_batch(scrapes=[ScrapeBlock(T0, array("I", [0, 1]), array("d", [1.0]))]), "length_mismatch"),
         (
-            _bad_batch(scrapes=[ScrapeBlock(T0, array("I", [0, 0]), array("d", [1.0, 2.0]))]),
+            bad_batch(scrapes=[ScrapeBlock(T0, array("I", [0, 0]), array("d", [1.0, 2.0]))]),
             "duplicate_sample",
         ),
-        (_bad_batch(scrapes=[ScrapeBlock(-1, array("I"), array("d"))]), "bad_timestamp"),
-        (_bad_batch(scrapes=[ScrapeBlock(T0, array("I", [0]), array("f", [1.0]))]), "malformed"),
-        (_bad_batch(scrapes=[ScrapeBlock(T0, [-1], [1.0])]), "bad_index"),  # type: ignore[arg-type]
-        (_bad_batch(scrapes=[ScrapeBlock(T0, [0], [1.0], [2**63])]), "bad_timestamp"),  # type: ignore[arg-type]
-        (_bad_batch(scrapes=[ScrapeBlock(T0, [0], ["x"])]), "malformed"),  # type: ignore[arg-type]
-        (_bad_batch(scrapes=[(T0, [0], [1.0])]), "malformed"),
+        (bad_batch(scrapes=[ScrapeBlock(-1, array("I"), array("d"))]), "bad_timestamp"),
+        (bad_batch(scrapes=[ScrapeBlock(T0, array("I", [0]), array("f", [1.0]))]), "malformed"),
+        (bad_batch(scrapes=[ScrapeBlock(T0, [-1], [1.0])]), "bad_index"),  # type: ignore[arg-type]
+        (bad_batch(scrapes=[ScrapeBlock(T0, [0], [1.0], [2**63])]), "bad_timestamp"),  # type: ignore[arg-type]
+        (bad_batch(scrapes=[ScrapeBlock(T0, [0], ["x"])]), "malformed"),  # type: ignore[arg-type]
+        (bad_batch(scrapes=[(T0, [0], [1.0])]), "malformed"),
     ],
 )
 @pytest.mark.parametrize("version", [codec.FORMAT_V1, codec.FORMAT_V2])
@@ -832,7 +820,7 @@ def test_encoder_size_limits() -> None:
 
 
 def test_surrogates_are_refused_by_the_encoder() -> None:
-    batch = _bad_batch(labelsets=[(("__name__", "up"), ("a", "\udc80"))], scrapes=[])
+    batch = bad_batch(labelsets=[(("__name__", "up"), ("a", "\udc80"))], scrapes=[])
     with pytest.raises(EncodeError):
         codec.encode_batch(batch)
 

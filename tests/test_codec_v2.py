@@ -16,12 +16,11 @@ from hypothesis import strategies as st
 from test_codec import (  # shared helpers
     GOLDEN,
     T0,
-    _bad_batch,
-    _expected,
-    _golden,
-    _measure,
+    bad_batch,
     decode_error,
-    mg,
+    golden_json,
+    golden_paths,
+    measure_refusal,
 )
 
 from edge_relay.collect.parse import SeriesCache, parse
@@ -29,6 +28,9 @@ from edge_relay.collect.shape import TargetShaper
 from edge_relay.encode.batches import to_batch
 from schemas import codec, columnar
 from schemas.codec import DEFAULT_LIMITS, DecodeError, EncodeError, Limits
+from schemas.codec.envelope import open_envelope
+from schemas.codec.v2 import split_streams
+from schemas.golden import vectors as mg
 from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 from schemas.values import ValueDecoder, ValueEncoder, decimal_scale
 from simulator import EXPORTERS, Simulator
@@ -80,8 +82,8 @@ def check_shape(batch: Batch) -> None:
 
 
 def raw_streams(data: bytes) -> list[bytes]:
-    _header, body = codec._decode_envelope_v2(memoryview(data)[4:], DEFAULT_LIMITS)
-    return codec._v2_streams(body, DEFAULT_LIMITS)
+    _header, body, _decode_body = open_envelope(data, DEFAULT_LIMITS)
+    return split_streams(body, DEFAULT_LIMITS)
 
 
 def envelope(streams: list[bytes], batch: Batch | None = None, **fields: Any) -> bytes:
@@ -484,13 +486,13 @@ def test_small_pieces() -> None:
 
 
 def test_golden_v2_covers_the_v1_batches() -> None:
-    assert {p.stem for p in _golden("v2_batch_")} >= {f"v2_{p.stem}" for p in _golden("batch_")}
+    assert {p.stem for p in golden_paths("v2_batch_")} >= {f"v2_{p.stem}" for p in golden_paths("batch_")}
 
 
-@pytest.mark.parametrize("path", _golden("v2_batch_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("v2_batch_"), ids=lambda p: p.stem)
 def test_golden_v2_batch(path: Path) -> None:
     data = path.read_bytes()
-    expected = _expected(path)
+    expected = golden_json(path)
     assert expected["kind"] == "batch" and expected["header"]["version"] == 2
     header, batch = codec.decode_batch_with_header(data)
     assert codec.batch_to_json(header, batch) == {
@@ -508,9 +510,9 @@ def test_golden_v2_batch(path: Path) -> None:
         assert samples(codec.decode_batch(v1.read_bytes())) == samples(batch)
 
 
-@pytest.mark.parametrize("path", _golden("v2_invalid_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("v2_invalid_"), ids=lambda p: p.stem)
 def test_golden_v2_invalid(path: Path) -> None:
-    assert decode_error(path.read_bytes()).reason == _expected(path)["error"]
+    assert decode_error(path.read_bytes()).reason == golden_json(path)["error"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -641,14 +643,14 @@ def test_peek_header_does_not_decompress() -> None:
 # hostile input
 
 
-@pytest.mark.parametrize("path", _golden("v2_batch_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("v2_batch_"), ids=lambda p: p.stem)
 def test_truncated_at_every_offset(path: Path) -> None:
     data = path.read_bytes()
     for cut in range(len(data)):
         decode_error(data[:cut])
 
 
-@pytest.mark.parametrize("path", _golden("v2_batch_"), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", golden_paths("v2_batch_"), ids=lambda p: p.stem)
 def test_every_single_byte_corruption(path: Path) -> None:
     data = path.read_bytes()
     rnd = random.Random(path.stem)
@@ -729,7 +731,7 @@ def test_huge_claims_fail_fast(name: str) -> None:
     changes, reason = _HUGE_CLAIMS[name]
     limits = Limits(max_samples=300_000, max_series=200_000)
     data = _env(changes)
-    err, elapsed, peak = _measure(lambda: decode_error(data, limits))
+    err, elapsed, peak = measure_refusal(lambda: decode_error(data, limits))
     assert err.reason == reason, err
     assert elapsed < 1.0, elapsed
     assert peak < 8 << 20, peak
@@ -739,7 +741,7 @@ def test_many_groups_of_empty_series_stay_bounded() -> None:
     # 200 000 one-series groups without samples: legal counts, bounded work, refused by the labels.
     groups = uv(200_000) + uv(1, 0) * 200_000
     data = _env({"GROUPS": groups}, n=0)
-    err, elapsed, peak = _measure(lambda: decode_error(data))
+    err, elapsed, peak = measure_refusal(lambda: decode_error(data))
     assert err.reason == "length_mismatch"
     assert elapsed < 10 and peak < 64 << 20, (elapsed, peak)
 
@@ -770,7 +772,7 @@ def test_encoder_limits() -> None:
 
 
 def test_unvalidated_garbage_is_an_encode_error() -> None:
-    batch = _bad_batch(scrapes=[ScrapeBlock(T0, array("I", [7]), array("d", [1.0]))])
+    batch = bad_batch(scrapes=[ScrapeBlock(T0, array("I", [7]), array("d", [1.0]))])
     with pytest.raises(EncodeError) as info:
         encode2(batch, validate=False)
     assert info.value.reason == "malformed"

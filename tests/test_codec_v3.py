@@ -15,11 +15,13 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_codec import GOLDEN, T0, g3, mg
+from test_codec import GOLDEN, T0
 
 from schemas import codec, columnar
 from schemas.codec import DEFAULT_LIMITS, DecodeError, EncodeError, Limits, StreamDecoder, StreamEncoder
 from schemas.codec import v3 as v3mod
+from schemas.golden import vectors as mg
+from schemas.golden import vectors_v3 as g3
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 
 V3 = codec.FORMAT_V3
@@ -373,7 +375,7 @@ def _with_sections(data: bytes, **changes: bytes) -> bytes:
     prefix, parts = _content(data)
     for name, value in changes.items():
         parts[v3mod.V3_SECTIONS.index(name)] = value
-    content = v3mod._sections(tuple(parts))
+    content = v3mod.join_sections(tuple(parts))
     return _rebody(data, prefix + zstandard.ZstdCompressor(level=3).compress(content))
 
 

@@ -1,4 +1,4 @@
-"""Wire format v3, multi-cycle layout (frame kinds 0x02/0x03, ``schemas/codec/v3_multicycle.py``): round
+"""Wire format v3, multi-cycle layout (frame kinds 0x02/0x03, ``schemas/codec/v3/multicycle.py``): round
 trips of windows bit for bit, chains mixing single- and multi-cycle frames, the state message between
 them, the predictor orders and the byte planes, hostile frames, golden vectors."""
 
@@ -14,7 +14,7 @@ import pytest
 import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_codec import GOLDEN, T0, g3, mg
+from test_codec import GOLDEN, T0
 from test_codec_v3 import (
     SPECIAL,
     assert_cuts_and_flips_refused,
@@ -30,8 +30,11 @@ from edge_relay.uplink import stream as relay_stream
 from schemas import codec, columnar
 from schemas.codec import DEFAULT_LIMITS, DecodeError, Limits, StreamDecoder, StreamEncoder, decode_state
 from schemas.codec import v3 as v3mod
-from schemas.codec import v3_multicycle as mc
-from schemas.codec.limits import Header, _run
+from schemas.codec.errors import run_decoder
+from schemas.codec.header import Header
+from schemas.codec.v3 import multicycle as mc
+from schemas.golden import vectors as mg
+from schemas.golden import vectors_v3 as g3
 from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock
 
 V3 = codec.FORMAT_V3
@@ -89,7 +92,7 @@ def with_sections(data: bytes, **changes: bytes) -> bytes:
     for name, value in changes.items():
         parts[mc.MC_SECTIONS.index(name)] = value
     header = msgpack.unpackb(data[4:], raw=False)
-    header["body"] = prefix + zstandard.ZstdCompressor(level=3).compress(v3mod._sections(tuple(parts)))
+    header["body"] = prefix + zstandard.ZstdCompressor(level=3).compress(v3mod.join_sections(tuple(parts)))
     return mg.raw_envelope(header, version=V3)
 
 
@@ -367,7 +370,7 @@ def test_bad_orders_and_planes_are_refused() -> None:
         (b"\x80\x80", 1, "length_mismatch"),
         (b"\x80", 2, "length_mismatch"),
     ):
-        assert refusal(lambda b=buf, n=count: _run(lambda: mc.unplanes(b, n))).reason == reason
+        assert refusal(lambda b=buf, n=count: run_decoder(lambda: mc.unplanes(b, n))).reason == reason
     assert mc.unplanes(b"\xff" * 9 + b"\x01", 1) == [2**64 - 1]
 
 

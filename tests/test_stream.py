@@ -23,7 +23,7 @@ from edge_relay.uplink.acks import apply_ack
 from edge_relay.uplink.stream import StreamCoder
 from schemas import codec
 from schemas.codec import Ack, AckResult
-from schemas.codec.envelope import _open_envelope
+from schemas.codec.envelope import open_envelope
 from schemas.codec.stream import CHAINS, StreamDecoder, StreamEncoder, frame_base
 from schemas.model import Batch, Labels, ScrapeBlock
 
@@ -350,7 +350,7 @@ def test_an_ingester_without_the_multi_cycle_layout_gets_single_cycle_windows_fo
         return prepared.payload
 
     def frame_kind(payload: bytes) -> int:
-        _header, body, _ = _open_envelope(payload, codec.DEFAULT_LIMITS)
+        _header, body, _ = open_envelope(payload, codec.DEFAULT_LIMITS)
         return body[0]
 
     assert frame_kind(publish_window(1)) == 0x02  # a multi-cycle key frame

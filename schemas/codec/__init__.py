@@ -4,15 +4,26 @@ The prose specification is ``schemas/wire-format.md``; golden vectors live in ``
 Import from ``schemas.codec`` itself; its modules are layers, each importing only the ones above it
 in this list:
 
-- ``limits``: the caps (``Limits``), ``Header``, the errors and their reasons, and the checks of
-  label sets, names, seqs and sample columns that encoder and decoders share.
+- ``errors``: the refusal reasons (``REASONS``), ``WireError`` / ``DecodeError`` / ``EncodeError``,
+  and ``Invalid``, which every check raises (``refuse``) and the entry points turn into those two
+  (``run_decoder`` holds the "DecodeError only" contract).
+- ``limits``: the caps (``Limits``) and the integer range of seqs and timestamps.
+- ``header``: the envelope ``Header`` and the checks of the fields every message carries (names,
+  seqs, timestamps, strict integers).
+- ``labels``: the rules of a label set, as a checker of whole label sets and as column checks.
+- ``columns``: sample columns as little-endian bytes, and the checks of a block's columns.
+- ``parsing``: strict msgpack/JSON maps (no key twice) and msgpack's errors as refusals.
+- ``validate``: ``validate_batch``, every decoder rule checked on a batch before it is encoded.
 - ``compression``: zstd for the bodies (cached compressors, a bounded decompressor).
+- ``label_columns``: label sets as dictionary columns, the sections v2 bodies and v3 frames share.
+- ``lastlabels``: a one-entry cache of what the last batch's label sets encoded to.
 - ``v1``: body v1, "msgpack+zstd": zstd(msgpack({"labelsets": [...], "scrapes": [...]})) with
   sample columns as raw little-endian bytes, so every float64 bit pattern survives unchanged.
 - ``v2``: body v2, "columnar+zstd": 15 separately compressed streams (timestamp table, series
   groups, dictionary-coded labels, delta/XOR values); transforms in ``schemas/columnar.py``.
-- ``v3``: body v3, "stream+zstd": one live frame coded against the previous frame's state (series
-  dictionary by id, delta-of-delta values); key frames decode alone.
+- ``v3`` (a package: state, frame, single, multicycle, body): body v3, "stream+zstd": one live frame
+  coded against the previous frame's state (series dictionary by id, delta-of-delta values); key
+  frames decode alone.
 - ``envelope``: ``b"ERB"`` + format-version byte + msgpack header map; ``encode_batch``,
   ``with_seq``, the decoders' dispatch on the version byte, and the JSON view of a batch.
 - ``stream``: the v3 encoder/decoder state (``StreamEncoder``, ``StreamDecoder``) and state messages.
@@ -22,12 +33,14 @@ in this list:
 
 Encode: ``validate_batch`` -> the version's ``encode_body`` -> envelope header around the body.
 Decode: envelope (size, magic, version byte, header) -> the version's ``decode_body`` -> ``Batch``.
-``encode_batch`` writes ``CURRENT_FORMAT_VERSION`` (v2) unless given ``version=FORMAT_V1``; both
-versions stay decodable.
+``encode_batch`` writes ``CURRENT_FORMAT_VERSION`` (v2) unless given another ``version`` (v1, or a v3
+key frame); every version stays decodable.
 
 The decoders treat their input as hostile: every size is capped before it is allocated, every field
 is type-checked, and any bad input raises :class:`DecodeError` (never another exception type;
-``MemoryError`` is deliberately not swallowed since it says nothing about the input).
+``MemoryError`` is deliberately not swallowed since it says nothing about the input).  The checks
+are split by what they check, not by side: the encoder runs the same ones, so the edge never spools
+a batch the cloud refuses.
 """
 
 from __future__ import annotations
@@ -69,29 +82,15 @@ from schemas.codec.envelope import (
     peek_header,
     with_seq,
 )
-
-# Private helpers the tests and schemas/golden/make_golden.py use to look inside an envelope.
-from schemas.codec.envelope import _decode_envelope_v1 as _decode_envelope_v1
-from schemas.codec.envelope import _decode_envelope_v2 as _decode_envelope_v2
-from schemas.codec.limits import (
-    DEFAULT_LIMITS,
-    INT64_MAX,
-    REASONS,
-    DecodeError,
-    EncodeError,
-    Header,
-    Limits,
-    SeriesChecker,
-    WireError,
-    timestamp_in_range,
-    validate_batch,
-)
+from schemas.codec.errors import REASONS, DecodeError, EncodeError, WireError
+from schemas.codec.header import Header
+from schemas.codec.labels import SeriesChecker
+from schemas.codec.limits import DEFAULT_LIMITS, INT64_MAX, Limits, timestamp_in_range
 from schemas.codec.stream import STATE_MAGIC, StreamDecoder, StreamEncoder, decode_state, frame_base
 from schemas.codec.v1 import CODEC_V1, FORMAT_V1
 from schemas.codec.v2 import CODEC_V2, FORMAT_V2, V2_STREAMS
-from schemas.codec.v2 import _pack_streams as _pack_streams
-from schemas.codec.v2 import _v2_streams as _v2_streams
 from schemas.codec.v3 import CODEC_V3, FORMAT_V3
+from schemas.codec.validate import validate_batch
 
 __all__ = [
     "ACK_VERSION",

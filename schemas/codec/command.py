@@ -2,7 +2,7 @@
 cloud, on ``.../<node>/cmd_result``), compact versioned JSON like ``control``'s acks and status.
 
 Both sides treat the other's message as hostile: a size cap before parsing, known keys only, types and
-ranges checked, and every refusal a ``DecodeError`` whose ``reason`` is one of ``limits.REASONS``
+ranges checked, and every refusal a ``DecodeError`` whose ``reason`` is one of ``errors.REASONS``
 (``malformed``, ``oversized``, ``unknown_version``, ``bad_header``, ``bad_timestamp``). The request's
 range is checked against the decoder's clock: ``from_ms < to_ms``, at most ``MAX_RANGE_MS`` long, not
 ending more than ``MAX_FUTURE_MS`` ahead. The selector is only capped in length here; its grammar is
@@ -17,16 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from schemas.codec.control import MAX_REASON_CHARS, _check_reason, _check_version, _json_dumps, _json_loads
-from schemas.codec.limits import (
-    EncodeError,
-    _check_name,
-    _check_timestamp,
-    _fail,
-    _Invalid,
-    _is_int,
-    _run,
-)
+from schemas.codec.control import MAX_REASON_CHARS, check_reason, check_version, json_dumps, json_loads
+from schemas.codec.errors import EncodeError, Invalid, refuse, run_decoder
+from schemas.codec.header import check_name, check_timestamp, is_int
 
 COMMAND_VERSION: Final = 1
 MAX_REQUEST_BYTES: Final = 4096
@@ -120,35 +113,35 @@ def now_ms() -> int:
 
 def _check_id(value: object) -> str:
     if type(value) is not str or not REQUEST_ID_RE.fullmatch(value):
-        _fail("malformed", "id must be 1..64 characters of [A-Za-z0-9._-]")
+        refuse("malformed", "id must be 1..64 characters of [A-Za-z0-9._-]")
     return value
 
 
 def _check_request(obj: dict[str, Any], clock_ms: int) -> BackfillRequest:
-    _check_version(obj, COMMAND_VERSION, "command")
+    check_version(obj, COMMAND_VERSION, "command")
     unknown = obj.keys() - _REQUEST_KEYS
     if unknown:
-        _fail("malformed", f"unknown command keys {sorted(unknown)}")
+        refuse("malformed", f"unknown command keys {sorted(unknown)}")
     missing = _REQUEST_REQUIRED - obj.keys()
     if missing:
-        _fail("malformed", f"command lacks {', '.join(sorted(missing))}")
+        refuse("malformed", f"command lacks {', '.join(sorted(missing))}")
     req_id = _check_id(obj["id"])
     if type(obj["kind"]) is not str or obj["kind"] not in COMMAND_KINDS:
-        _fail("malformed", f"kind must be one of {sorted(COMMAND_KINDS)}")
-    cluster, node = _check_name("cluster", obj["cluster"]), _check_name("node", obj["node"])
-    start, end = _check_timestamp(obj["from_ms"], "from_ms"), _check_timestamp(obj["to_ms"], "to_ms")
-    issued = _check_timestamp(obj["ts_ms"], "ts_ms")
+        refuse("malformed", f"kind must be one of {sorted(COMMAND_KINDS)}")
+    cluster, node = check_name("cluster", obj["cluster"]), check_name("node", obj["node"])
+    start, end = check_timestamp(obj["from_ms"], "from_ms"), check_timestamp(obj["to_ms"], "to_ms")
+    issued = check_timestamp(obj["ts_ms"], "ts_ms")
     if start >= end:
-        _fail("bad_timestamp", f"from_ms {start} must be before to_ms {end}")
+        refuse("bad_timestamp", f"from_ms {start} must be before to_ms {end}")
     if end - start > MAX_RANGE_MS:
-        _fail(
+        refuse(
             "bad_timestamp", f"a range of {(end - start) / 1000:.0f}s is longer than {MAX_RANGE_MS // 1000}s"
         )
     if end > clock_ms + MAX_FUTURE_MS or issued > clock_ms + MAX_FUTURE_MS:
-        _fail("bad_timestamp", "the range (or ts_ms) is in the future of this node's clock")
+        refuse("bad_timestamp", "the range (or ts_ms) is in the future of this node's clock")
     match = obj.get("match")
     if match is not None and (type(match) is not str or not match or len(match) > MAX_SELECTOR_CHARS):
-        _fail(
+        refuse(
             "oversized" if type(match) is str and match else "malformed",
             "match must be a selector of 1..1024 chars",
         )
@@ -172,8 +165,8 @@ def encode_request(req: BackfillRequest, *, clock_ms: int | None = None) -> byte
         wire["match"] = req.match
     try:
         _check_request(wire, now_ms() if clock_ms is None else clock_ms)
-        out = _json_dumps(wire)
-    except _Invalid as exc:
+        out = json_dumps(wire)
+    except Invalid as exc:
         raise EncodeError(exc.reason, exc.message) from None
     if len(out) > MAX_REQUEST_BYTES:
         raise EncodeError("oversized", f"command of {len(out)} bytes > {MAX_REQUEST_BYTES}")
@@ -183,8 +176,8 @@ def encode_request(req: BackfillRequest, *, clock_ms: int | None = None) -> byte
 def decode_request(data: bytes, *, clock_ms: int | None = None) -> BackfillRequest:
     """Decode a command; ``clock_ms`` (default: now) is what "in the future" is measured against."""
     clock = now_ms() if clock_ms is None else clock_ms
-    req: BackfillRequest = _run(
-        lambda: _check_request(_json_loads(data, MAX_REQUEST_BYTES, "command"), clock)
+    req: BackfillRequest = run_decoder(
+        lambda: _check_request(json_loads(data, MAX_REQUEST_BYTES, "command"), clock)
     )
     return req
 
@@ -202,47 +195,47 @@ def peek_request_id(data: bytes) -> str | None:
 
 
 def _check_count(name: str, value: object) -> int:
-    if not _is_int(value) or not 0 <= value < 2**53:  # type: ignore[operator]
-        _fail("malformed", f"{name} must be an integer in 0..2^53-1")
+    if not is_int(value) or not 0 <= value < 2**53:  # type: ignore[operator]
+        refuse("malformed", f"{name} must be an integer in 0..2^53-1")
     assert isinstance(value, int)
     return value
 
 
 def _check_result(obj: dict[str, Any]) -> CommandResult:
-    _check_version(obj, COMMAND_VERSION, "command result")
+    check_version(obj, COMMAND_VERSION, "command result")
     unknown = obj.keys() - _RESULT_KEYS
     if unknown:
-        _fail("malformed", f"unknown command result keys {sorted(unknown)}")
+        refuse("malformed", f"unknown command result keys {sorted(unknown)}")
     missing = _RESULT_REQUIRED - obj.keys()
     if missing:
-        _fail("malformed", f"command result lacks {', '.join(sorted(missing))}")
+        refuse("malformed", f"command result lacks {', '.join(sorted(missing))}")
     req_id = None if obj["id"] is None else _check_id(obj["id"])
-    cluster, node = _check_name("cluster", obj["cluster"]), _check_name("node", obj["node"])
+    cluster, node = check_name("cluster", obj["cluster"]), check_name("node", obj["node"])
     outcome = obj["result"]
     if type(outcome) is not str or outcome not in OUTCOMES:
-        _fail("malformed", f"result must be one of {sorted(OUTCOMES)}")
+        refuse("malformed", f"result must be one of {sorted(OUTCOMES)}")
     reason = obj.get("reason")
     if outcome == "done":
         if reason is not None:
-            _fail("malformed", "a done result carries no reason")
+            refuse("malformed", "a done result carries no reason")
     else:
-        _check_reason(reason)
-    ts = _check_timestamp(obj["ts_ms"], "ts_ms")
-    start = _check_timestamp(obj.get("from_ms", 0), "from_ms")
-    end = _check_timestamp(obj.get("to_ms", 0), "to_ms")
+        check_reason(reason)
+    ts = check_timestamp(obj["ts_ms"], "ts_ms")
+    start = check_timestamp(obj.get("from_ms", 0), "from_ms")
+    end = check_timestamp(obj.get("to_ms", 0), "to_ms")
     samples, series, batches = (_check_count(name, obj.get(name, 0)) for name in _COUNTS)
-    first = None if obj.get("first_ms") is None else _check_timestamp(obj["first_ms"], "first_ms")
-    last = None if obj.get("last_ms") is None else _check_timestamp(obj["last_ms"], "last_ms")
+    first = None if obj.get("first_ms") is None else check_timestamp(obj["first_ms"], "first_ms")
+    last = None if obj.get("last_ms") is None else check_timestamp(obj["last_ms"], "last_ms")
     gaps = obj.get("missing", [])
     if type(gaps) is not list or len(gaps) > MAX_MISSING:
-        _fail("malformed", f"missing must be an array of at most {MAX_MISSING} entries")
+        refuse("malformed", f"missing must be an array of at most {MAX_MISSING} entries")
     ranges: list[MissingRange] = []
     for entry in gaps:
         if type(entry) is not list or len(entry) != 3:
-            _fail("malformed", "a missing entry is [start_ms, end_ms, reason]")
-        lo, hi = _check_timestamp(entry[0], "missing start"), _check_timestamp(entry[1], "missing end")
+            refuse("malformed", "a missing entry is [start_ms, end_ms, reason]")
+        lo, hi = check_timestamp(entry[0], "missing start"), check_timestamp(entry[1], "missing end")
         if lo > hi or type(entry[2]) is not str or entry[2] not in MISSING_REASONS:
-            _fail("malformed", f"missing entry {entry!r:.80}: start after end, or an unknown reason")
+            refuse("malformed", f"missing entry {entry!r:.80}: start after end, or an unknown reason")
         ranges.append(MissingRange(lo, hi, entry[2]))
     return CommandResult(
         req_id,
@@ -294,8 +287,8 @@ def encode_result(res: CommandResult) -> bytes:
         wire["missing"] = [[m.start_ms, m.end_ms, m.reason] for m in missing]
     try:
         _check_result(wire)
-        out = _json_dumps(wire)
-    except _Invalid as exc:
+        out = json_dumps(wire)
+    except Invalid as exc:
         raise EncodeError(exc.reason, exc.message) from None
     if len(out) > MAX_RESULT_BYTES:
         raise EncodeError("oversized", f"command result of {len(out)} bytes > {MAX_RESULT_BYTES}")
@@ -303,5 +296,7 @@ def encode_result(res: CommandResult) -> bytes:
 
 
 def decode_result(data: bytes) -> CommandResult:
-    res: CommandResult = _run(lambda: _check_result(_json_loads(data, MAX_RESULT_BYTES, "command result")))
+    res: CommandResult = run_decoder(
+        lambda: _check_result(json_loads(data, MAX_RESULT_BYTES, "command result"))
+    )
     return res

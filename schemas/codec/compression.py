@@ -1,8 +1,8 @@
 """zstd for the bodies: a cached compressor per thread and level, and a bounded decompressor.
 
-Both body formats use it (v1 compresses its body as one frame, v2 each stream as one), so it sits
-below ``v1`` and ``v2``.  The decompressor never holds much more output than the cap it is given,
-whatever a hostile frame claims.
+Every body format uses it (v1 compresses its body as one frame, v2 each stream as one, v3 a frame's
+content as one, and v3 state messages their sections as one), so it sits below them.  The
+decompressor never holds much more output than the cap it is given, whatever a hostile frame claims.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Final
 
 import zstandard
 
-from schemas.codec.limits import _fail
+from schemas.codec.errors import refuse
 
 DEFAULT_ZSTD_LEVEL: Final = 3
 _ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
@@ -23,7 +23,7 @@ _MIN_FEED: Final = 16
 _tls = threading.local()
 
 
-def _compressor(level: int) -> zstandard.ZstdCompressor:
+def compressor(level: int) -> zstandard.ZstdCompressor:
     # ZstdCompressor objects are not thread-safe and costly to build: one per thread and level.
     cache: dict[int, zstandard.ZstdCompressor] | None = getattr(_tls, "compressors", None)
     if cache is None:
@@ -43,23 +43,23 @@ def _window_cap(cap: int) -> int:
     return 1 << max(zstandard.WINDOWLOG_MIN, (cap - 1).bit_length())
 
 
-def _bounded_decompress(body: bytes, cap: int) -> bytes | bytearray:
+def bounded_decompress(body: bytes, cap: int) -> bytes | bytearray:
     """Decompress exactly one zstd frame, never holding much more than ``cap`` output bytes."""
     if len(body) < 4:
-        _fail("bad_compression", "body too short for a zstd frame")
+        refuse("bad_compression", "body too short for a zstd frame")
     if body[:4] != _ZSTD_MAGIC:
-        _fail("bad_compression", "body is not a zstd frame")
+        refuse("bad_compression", "body is not a zstd frame")
     try:
         params = zstandard.get_frame_parameters(body)
     except zstandard.ZstdError as exc:
-        _fail("bad_compression", f"bad zstd frame header: {exc}")
+        refuse("bad_compression", f"bad zstd frame header: {exc}")
     if params.dict_id:
-        _fail("bad_compression", "zstd frames with a dictionary are not v1")
+        refuse("bad_compression", "zstd frames with a dictionary are not v1")
     known_size = params.content_size != zstandard.CONTENTSIZE_UNKNOWN
     if known_size and params.content_size > cap:
-        _fail("decompression_limit", f"frame declares {params.content_size} bytes > {cap}")
+        refuse("decompression_limit", f"frame declares {params.content_size} bytes > {cap}")
     if params.window_size > _window_cap(cap):
-        _fail("decompression_limit", f"frame window of {params.window_size} bytes")
+        refuse("decompression_limit", f"frame window of {params.window_size} bytes")
     try:
         dctx = zstandard.ZstdDecompressor(max_window_size=_window_cap(cap))
         if known_size and params.content_size:
@@ -68,7 +68,7 @@ def _bounded_decompress(body: bytes, cap: int) -> bytes | bytearray:
             return dctx.decompress(body, max_output_size=params.content_size, allow_extra_data=False)
         return _stream_decompress(dctx, body, cap)
     except zstandard.ZstdError as exc:
-        _fail("bad_compression", f"zstd: {exc}")
+        refuse("bad_compression", f"zstd: {exc}")
 
 
 def _stream_decompress(dctx: zstandard.ZstdDecompressor, body: bytes, cap: int) -> bytearray:
@@ -84,9 +84,9 @@ def _stream_decompress(dctx: zstandard.ZstdDecompressor, body: bytes, cap: int) 
         out += dobj.decompress(view[pos : pos + step])
         pos += step
         if len(out) > cap:
-            _fail("decompression_limit", f"body decompresses to more than {cap} bytes")
+            refuse("decompression_limit", f"body decompresses to more than {cap} bytes")
     if not dobj.eof:
-        _fail("bad_compression", "zstd frame is incomplete")
+        refuse("bad_compression", "zstd frame is incomplete")
     if dobj.unused_data or pos < len(body):
-        _fail("bad_compression", "bytes after the zstd frame")
+        refuse("bad_compression", "bytes after the zstd frame")
     return out

@@ -1,7 +1,8 @@
 """Control messages: acks (cloud -> edge) and status (edge -> cloud), compact versioned JSON.
 
-They share only the checks and errors of ``limits`` with the batch path, and version on their own
-(``v`` field), independently of the envelope's format version.
+They share only the checks and errors (``errors``, ``header``, ``limits``) with the batch path, and
+version on their own (``v`` field), independently of the envelope's format version.  ``command``'s
+messages are compact versioned JSON too: they use this module's JSON helpers and checks.
 """
 
 from __future__ import annotations
@@ -13,21 +14,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, NamedTuple, NoReturn
 
-from schemas.codec.limits import (
-    DEFAULT_LIMITS,
-    INT64_MAX,
-    EncodeError,
-    Limits,
-    _check_header_names,
-    _check_name,
-    _check_seq,
-    _check_timestamp,
-    _fail,
-    _Invalid,
-    _is_int,
-    _run,
-    _strict_map,
-)
+from schemas.codec.errors import EncodeError, Invalid, refuse, run_decoder
+from schemas.codec.header import check_header_names, check_name, check_seq, check_timestamp, is_int
+from schemas.codec.limits import DEFAULT_LIMITS, INT64_MAX, Limits
+from schemas.codec.parsing import strict_map
 
 ACK_VERSION: Final = 1
 STATUS_VERSION: Final = 1
@@ -59,7 +49,7 @@ class Ack:
     incarnation: int = 0  # the spool incarnation the results are for ("inc"); 0: not given
 
 
-def _json_dumps(obj: Any) -> bytes:
+def json_dumps(obj: Any) -> bytes:
     return json.dumps(obj, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
@@ -67,64 +57,64 @@ def _reject_constant(name: str) -> NoReturn:
     raise ValueError(f"JSON constant {name} is not allowed")
 
 
-def _json_loads(data: bytes, max_bytes: int, what: str) -> dict[str, Any]:
+def json_loads(data: bytes, max_bytes: int, what: str) -> dict[str, Any]:
     if not isinstance(data, bytes | bytearray | memoryview):
-        _fail("malformed", f"expected bytes, got {type(data).__name__}")
+        refuse("malformed", f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
     if len(data) > max_bytes:
-        _fail("oversized", f"{what} of {len(data)} bytes > {max_bytes}")
+        refuse("oversized", f"{what} of {len(data)} bytes > {max_bytes}")
     try:
         text = data.decode("utf-8")
-        obj = json.loads(text, object_pairs_hook=_strict_map, parse_constant=_reject_constant)
+        obj = json.loads(text, object_pairs_hook=strict_map, parse_constant=_reject_constant)
     except (ValueError, RecursionError) as exc:
-        _fail("malformed", f"{what} is not valid JSON: {str(exc)[:120]}")
+        refuse("malformed", f"{what} is not valid JSON: {str(exc)[:120]}")
     if type(obj) is not dict:
-        _fail("malformed", f"{what} is not a JSON object")
+        refuse("malformed", f"{what} is not a JSON object")
     return obj
 
 
-def _check_version(obj: dict[str, Any], expected: int, what: str) -> None:
-    if "v" not in obj or not _is_int(obj["v"]):
-        _fail("malformed", f"{what} lacks an integer v")
+def check_version(obj: dict[str, Any], expected: int, what: str) -> None:
+    if "v" not in obj or not is_int(obj["v"]):
+        refuse("malformed", f"{what} lacks an integer v")
     if obj["v"] != expected:
-        _fail("unknown_version", f"{what} version {obj['v']}")
+        refuse("unknown_version", f"{what} version {obj['v']}")
 
 
-def _check_reason(reason: object) -> str:
+def check_reason(reason: object) -> str:
     if type(reason) is not str or not reason or len(reason) > MAX_REASON_CHARS:
-        _fail("malformed", f"a reject reason must be a string of 1..{MAX_REASON_CHARS} chars")
+        refuse("malformed", f"a reject reason must be a string of 1..{MAX_REASON_CHARS} chars")
     return reason
 
 
 def _ack_wire(node: str, results: Iterable[AckResult], limits: Limits) -> dict[str, Any]:
-    _check_name("node", node)
+    check_name("node", node)
     by_seq: dict[int, AckResult] = {}
     for item in results:
         seq, result, reason, written, refused = item
-        _check_seq(seq)
+        check_seq(seq)
         if result == "ok":
             if reason is not None:
-                _fail("malformed", f"seq {seq}: an ok result carries no reason")
+                refuse("malformed", f"seq {seq}: an ok result carries no reason")
         elif result == "rejected":
-            _check_reason(reason)
+            check_reason(reason)
         elif result == "partial":
-            _check_reason(reason)
+            check_reason(reason)
             _check_counts(seq, written, refused)
         elif result == "need_state":
             if reason not in (None, ""):
-                _fail("malformed", f"seq {seq}: a need_state result carries no reason")
+                refuse("malformed", f"seq {seq}: a need_state result carries no reason")
             reason = None
         else:
-            _fail(
+            refuse(
                 "malformed", f"seq {seq}: result {result!r} is neither ok, rejected, partial nor need_state"
             )
         if result != "partial" and (written or refused):
-            _fail("malformed", f"seq {seq}: only a partial result carries counts")
+            refuse("malformed", f"seq {seq}: only a partial result carries counts")
         norm = AckResult(seq, result, reason, written, refused)
         if by_seq.setdefault(seq, norm) != norm:
-            _fail("malformed", f"seq {seq} has two different results")
+            refuse("malformed", f"seq {seq} has two different results")
     if len(by_seq) > limits.max_ack_results:
-        _fail("oversized", f"{len(by_seq)} ack results > {limits.max_ack_results}")
+        refuse("oversized", f"{len(by_seq)} ack results > {limits.max_ack_results}")
     ok: list[int | list[int]] = []
     rejected: list[list[int | str]] = []
     partial: list[list[int | str]] = []
@@ -167,7 +157,7 @@ def _ack_wire(node: str, results: Iterable[AckResult], limits: Limits) -> dict[s
 def _check_counts(seq: int, written: object, refused: object) -> None:
     for name, count in (("written", written), ("refused", refused)):
         if type(count) is not int or not 0 < count <= INT64_MAX:
-            _fail("malformed", f"seq {seq}: a partial result's {name} count must be in 1..2^63-1")
+            refuse("malformed", f"seq {seq}: a partial result's {name} count must be in 1..2^63-1")
 
 
 def encode_ack(
@@ -183,8 +173,8 @@ def encode_ack(
         if incarnation:
             _check_incarnation(incarnation)
             wire["inc"] = incarnation
-        out = _json_dumps(wire)
-    except _Invalid as exc:
+        out = json_dumps(wire)
+    except Invalid as exc:
         raise EncodeError(exc.reason, exc.message) from None
     except (TypeError, ValueError) as exc:
         raise EncodeError("malformed", str(exc)) from None
@@ -197,16 +187,16 @@ _ACK_KEYS: Final = frozenset({"v", "node", "ok", "rejected", "partial", "need_st
 
 
 def _decode_ack(data: bytes, limits: Limits) -> Ack:
-    obj = _json_loads(data, limits.max_ack_bytes, "ack")
-    _check_version(obj, ACK_VERSION, "ack")
+    obj = json_loads(data, limits.max_ack_bytes, "ack")
+    check_version(obj, ACK_VERSION, "ack")
     if not obj.keys() <= _ACK_KEYS or "node" not in obj:
-        _fail(
+        refuse(
             "malformed",
             f"ack keys {sorted(obj)}: need v, node and optional ok, rejected, partial, need_state, inc",
         )
     incarnation = _check_incarnation(obj["inc"]) if "inc" in obj else 0
     node = obj["node"]
-    _check_name("node", node)
+    check_name("node", node)
     ok, rejected, partial = obj.get("ok", []), obj.get("rejected", []), obj.get("partial", [])
     need_state = obj.get("need_state", [])
     if (
@@ -215,57 +205,57 @@ def _decode_ack(data: bytes, limits: Limits) -> Ack:
         or type(partial) is not list
         or type(need_state) is not list
     ):
-        _fail("malformed", "ok, rejected, partial and need_state must be arrays")
+        refuse("malformed", "ok, rejected, partial and need_state must be arrays")
     results: dict[int, AckResult] = {}
     budget = limits.max_ack_results
 
     def add(item: AckResult) -> None:
         if item.seq in results:
-            _fail("malformed", f"seq {item.seq} acked twice")
+            refuse("malformed", f"seq {item.seq} acked twice")
         if len(results) >= budget:
-            _fail("oversized", f"more than {budget} ack results")
+            refuse("oversized", f"more than {budget} ack results")
         results[item.seq] = item
 
     for entry in ok:
-        if _is_int(entry):
-            add(AckResult(_check_seq(entry), "ok"))
+        if is_int(entry):
+            add(AckResult(check_seq(entry), "ok"))
             continue
         if type(entry) is not list or len(entry) != 2:
-            _fail("malformed", "an ok entry is a seq or a [first, last] range")
-        first, last = _check_seq(entry[0]), _check_seq(entry[1])
+            refuse("malformed", "an ok entry is a seq or a [first, last] range")
+        first, last = check_seq(entry[0]), check_seq(entry[1])
         if first > last:
-            _fail("malformed", f"range [{first}, {last}] is reversed")
+            refuse("malformed", f"range [{first}, {last}] is reversed")
         # Check the size before expanding so a huge range costs nothing.
         if last - first + 1 > budget - len(results):
-            _fail("oversized", f"more than {budget} ack results")
+            refuse("oversized", f"more than {budget} ack results")
         for seq in range(first, last + 1):
             add(AckResult(seq, "ok"))
     for entry in rejected:
         if type(entry) is not list or len(entry) != 2:
-            _fail("malformed", "a rejected entry is [seq, reason]")
-        add(AckResult(_check_seq(entry[0]), "rejected", _check_reason(entry[1])))
+            refuse("malformed", "a rejected entry is [seq, reason]")
+        add(AckResult(check_seq(entry[0]), "rejected", check_reason(entry[1])))
     for entry in partial:
         if type(entry) is not list or len(entry) != 4:
-            _fail("malformed", "a partial entry is [seq, written, refused, reason]")
-        seq = _check_seq(entry[0])
+            refuse("malformed", "a partial entry is [seq, written, refused, reason]")
+        seq = check_seq(entry[0])
         _check_counts(seq, entry[1], entry[2])
-        add(AckResult(seq, "partial", _check_reason(entry[3]), entry[1], entry[2]))
+        add(AckResult(seq, "partial", check_reason(entry[3]), entry[1], entry[2]))
     for entry in need_state:
-        if not _is_int(entry):
-            _fail("malformed", "a need_state entry is a seq")
-        add(AckResult(_check_seq(entry), "need_state"))
+        if not is_int(entry):
+            refuse("malformed", "a need_state entry is a seq")
+        add(AckResult(check_seq(entry), "need_state"))
     return Ack(node, [results[seq] for seq in sorted(results)], incarnation=incarnation)
 
 
 def _check_incarnation(value: object) -> int:
     if type(value) is not int or not 0 < value <= INT64_MAX:
-        _fail("malformed", f"inc must be an integer in 1..2^63-1, not {str(value)[:32]!r}")
+        refuse("malformed", f"inc must be an integer in 1..2^63-1, not {str(value)[:32]!r}")
     return value
 
 
 def decode_ack(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Ack:
     """Decode an ack; results come back sorted by seq, each seq once."""
-    ack: Ack = _run(lambda: _decode_ack(data, limits))
+    ack: Ack = run_decoder(lambda: _decode_ack(data, limits))
     return ack
 
 
@@ -296,34 +286,34 @@ _STATUS_MAX_STR: Final = 256
 
 def _check_status(status: object) -> dict[str, Any]:
     if type(status) is not dict:
-        _fail("malformed", "status must be an object")
+        refuse("malformed", "status must be an object")
     missing = [key for key in _STATUS_REQUIRED if key not in status]
     if missing:
-        _fail("malformed", f"status lacks {', '.join(missing)}")
-    _check_version(status, STATUS_VERSION, "status")
-    _check_header_names(status["cluster"], status["node"])
+        refuse("malformed", f"status lacks {', '.join(missing)}")
+    check_version(status, STATUS_VERSION, "status")
+    check_header_names(status["cluster"], status["node"])
     if type(status["state"]) is not str or status["state"] not in STATUS_STATES:
-        _fail("malformed", f"state must be one of {sorted(STATUS_STATES)}")
-    _check_timestamp(status["ts_ms"], "ts_ms")
+        refuse("malformed", f"state must be one of {sorted(STATUS_STATES)}")
+    check_timestamp(status["ts_ms"], "ts_ms")
     if len(status) > _STATUS_MAX_KEYS:
-        _fail("malformed", f"more than {_STATUS_MAX_KEYS} status fields")
+        refuse("malformed", f"more than {_STATUS_MAX_KEYS} status fields")
     for key, value in status.items():
         if key in _STATUS_REQUIRED:
             continue
         if type(key) is not str or not _STATUS_KEY_RE.fullmatch(key):
-            _fail("malformed", f"status key {key!r} must match [a-z][a-z0-9_]{{0,63}}")
+            refuse("malformed", f"status key {key!r} must match [a-z][a-z0-9_]{{0,63}}")
         # Numbers must fit an int64 / finite float64 so any JSON consumer reads them exactly.
         numeric = (type(value) is float and math.isfinite(value)) or (
-            _is_int(value) and -INT64_MAX - 1 <= value <= INT64_MAX
+            is_int(value) and -INT64_MAX - 1 <= value <= INT64_MAX
         )
         if key in STATUS_NUMERIC_FIELDS:
             if value is not None and (not numeric or value < 0):
-                _fail("malformed", f"status field {key} must be a non-negative number")
+                refuse("malformed", f"status field {key} must be a non-negative number")
         elif not (value is None or type(value) is bool or type(value) is str or numeric):
             # Flat scalars only: status is a dashboard line, not a document.
-            _fail("malformed", f"status field {key} must be a finite number, string, bool or null")
+            refuse("malformed", f"status field {key} must be a finite number, string, bool or null")
         elif type(value) is str and len(value) > _STATUS_MAX_STR:
-            _fail("malformed", f"status field {key} is longer than {_STATUS_MAX_STR} chars")
+            refuse("malformed", f"status field {key} is longer than {_STATUS_MAX_STR} chars")
     return status
 
 
@@ -334,8 +324,8 @@ def encode_status(status: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> by
         _check_status(full)
         ordered = {key: full[key] for key in _STATUS_REQUIRED}
         ordered.update(sorted((k, v) for k, v in full.items() if k not in ordered))
-        out = _json_dumps(ordered)
-    except _Invalid as exc:
+        out = json_dumps(ordered)
+    except Invalid as exc:
         raise EncodeError(exc.reason, exc.message) from None
     except (TypeError, ValueError) as exc:
         raise EncodeError("malformed", str(exc)) from None
@@ -345,5 +335,7 @@ def encode_status(status: dict[str, Any], limits: Limits = DEFAULT_LIMITS) -> by
 
 
 def decode_status(data: bytes, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
-    status: dict[str, Any] = _run(lambda: _check_status(_json_loads(data, limits.max_status_bytes, "status")))
+    status: dict[str, Any] = run_decoder(
+        lambda: _check_status(json_loads(data, limits.max_status_bytes, "status"))
+    )
     return status

@@ -1,11 +1,12 @@
 """The envelope: ``b"ERB"`` + one format-version byte + a msgpack map (header fields and the ``body``).
 
-The top of the batch path: ``encode_batch`` validates (``limits``), has the version's body encoded
+The top of the batch path: ``encode_batch`` validates (``validate``), has the version's body encoded
 (``v1``, ``v2``, or a ``v3`` key frame) and frames it; the decoders check magic, version byte and
 header map, then hand the body to that version's decoder (``_VERSIONS``), so every version stays
 decodable (v3 delta frames need state: ``stream.StreamDecoder``).  The version table lives here, above
-the bodies, so imports run one way (no registry the bodies fill in).  Also
-the exact JSON view of a decoded batch that the golden vectors use.
+the bodies, so imports run one way (no registry the bodies fill in).  ``open_envelope`` is that first
+half of decoding (header checked, body not yet decoded), for ``stream`` and for tools that look inside
+an envelope.  Also the exact JSON view of a decoded batch that the golden vectors use.
 """
 
 from __future__ import annotations
@@ -19,28 +20,17 @@ from typing import Any, Final, NamedTuple
 import msgpack
 
 from schemas.codec import v1, v2, v3
+from schemas.codec.columns import column_to_bytes
 from schemas.codec.compression import DEFAULT_ZSTD_LEVEL
-from schemas.codec.limits import (
-    _BIG_ENDIAN,
-    DEFAULT_LIMITS,
-    INT64_MAX,
-    EncodeError,
-    Header,
-    Limits,
-    _check_header_names,
-    _check_seq,
-    _column_to_bytes,
-    _fail,
-    _Invalid,
-    _is_int,
-    _msgpack_error,
-    _run,
-    _strict_map,
-    validate_batch,
-)
+from schemas.codec.errors import EncodeError, Invalid, refuse, run_decoder
+from schemas.codec.header import Header, check_header_names, check_seq, is_int
+from schemas.codec.limits import DEFAULT_LIMITS, INT64_MAX, Limits
+from schemas.codec.parsing import refuse_msgpack_error, strict_map
 from schemas.codec.v1 import CODEC_V1, FORMAT_V1
 from schemas.codec.v2 import CODEC_V2, FORMAT_V2
 from schemas.codec.v3 import CODEC_V3, FORMAT_V3
+from schemas.codec.validate import validate_batch
+from schemas.columnar import BIG_ENDIAN
 from schemas.model import STALE_NAN_BITS, Batch, Labels, float_bits
 
 MAGIC: Final = b"ERB"
@@ -76,7 +66,7 @@ def encode_batch(
     fmt = _VERSIONS[version]
     try:
         body, n, t0, t1 = fmt.encode_body(batch, level, limits)
-    except _Invalid as exc:
+    except Invalid as exc:
         raise EncodeError(exc.reason, exc.message) from None
     except (TypeError, ValueError, OverflowError, IndexError, KeyError, AttributeError) as exc:
         raise EncodeError("malformed", f"cannot encode batch: {exc}") from None
@@ -106,8 +96,8 @@ def with_seq(payload: bytes, seq: int) -> bytes:
     """``payload`` (an envelope this module encoded) with another ``seq``: the body is reused as is,
     so a batch sized with a placeholder seq is not encoded a second time."""
     try:
-        _check_seq(seq)
-    except _Invalid as exc:
+        check_seq(seq)
+    except Invalid as exc:
         raise EncodeError(exc.reason, exc.message) from None
     header = msgpack.unpackb(payload[len(MAGIC) + 1 :], raw=False)
     header["seq"] = seq
@@ -137,7 +127,7 @@ def _decode_envelope(
         raw=False,
         strict_map_key=True,
         use_list=False,
-        object_pairs_hook=_strict_map,
+        object_pairs_hook=strict_map,
         max_bin_len=limits.max_payload_bytes,
         max_str_len=_HEADER_MAX_STR,
         max_array_len=_HEADER_MAX_CONTAINER,
@@ -148,42 +138,42 @@ def _decode_envelope(
     try:
         fields = unpacker.unpack()
     except (msgpack.OutOfData, msgpack.exceptions.BufferFull):
-        _fail("truncated", "envelope ends inside the header")
+        refuse("truncated", "envelope ends inside the header")
     except ValueError as exc:
-        _msgpack_error(exc, "header")
+        refuse_msgpack_error(exc, "header")
     if unpacker.tell() != len(payload):
-        _fail("malformed", f"{len(payload) - unpacker.tell()} bytes after the envelope")
+        refuse("malformed", f"{len(payload) - unpacker.tell()} bytes after the envelope")
     if type(fields) is not dict:
-        _fail("malformed", "header is not a map")
+        refuse("malformed", "header is not a map")
     missing = [key for key in _REQUIRED_HEADER if key not in fields]
     if missing:
-        _fail("malformed", f"header lacks {', '.join(missing)}")
+        refuse("malformed", f"header lacks {', '.join(missing)}")
     # Unknown header keys are ignored: v1 may grow optional header fields without a version bump.
-    _check_header_names(fields["cluster"], fields["node"])
-    seq = _check_seq(fields["seq"])
+    check_header_names(fields["cluster"], fields["node"])
+    seq = check_seq(fields["seq"])
     for key in ("t0", "t1", "n"):
-        if not _is_int(fields[key]):
-            _fail("malformed", f"{key} must be an integer, not {type(fields[key]).__name__}")
+        if not is_int(fields[key]):
+            refuse("malformed", f"{key} must be an integer, not {type(fields[key]).__name__}")
     t0, t1, n = fields["t0"], fields["t1"], fields["n"]
     if not (0 <= t0 <= t1 <= INT64_MAX):
-        _fail("bad_header", f"t0={t0} t1={t1}: need 0 <= t0 <= t1 < 2^63")
+        refuse("bad_header", f"t0={t0} t1={t1}: need 0 <= t0 <= t1 < 2^63")
     if n < 0:
-        _fail("bad_header", f"negative sample count {n}")
+        refuse("bad_header", f"negative sample count {n}")
     if n > limits.max_samples:
-        _fail("too_many_samples", f"header announces {n} samples > {limits.max_samples}")
+        refuse("too_many_samples", f"header announces {n} samples > {limits.max_samples}")
     codec = fields["codec"]
     if type(codec) is not str:
-        _fail("malformed", "codec must be a string")
+        refuse("malformed", "codec must be a string")
     if codec != expected_codec:
-        _fail("unknown_codec", f"codec {codec[:64]!r} in a v{version} envelope")
+        refuse("unknown_codec", f"codec {codec[:64]!r} in a v{version} envelope")
     body = fields["body"]
     if type(body) is not bytes:
-        _fail("malformed", f"body must be bytes, not {type(body).__name__}")
+        refuse("malformed", f"body must be bytes, not {type(body).__name__}")
     incarnation = 0
     if "inc" in fields:  # optional: the spool incarnation of relays that send it
         incarnation = fields["inc"]
-        if not _is_int(incarnation) or not 0 < incarnation <= INT64_MAX:
-            _fail("bad_header", f"inc must be an integer in 1..2^63-1, not {str(incarnation)[:32]!r}")
+        if not is_int(incarnation) or not 0 < incarnation <= INT64_MAX:
+            refuse("bad_header", f"inc must be an integer in 1..2^63-1, not {str(incarnation)[:32]!r}")
     header = Header(version, fields["cluster"], fields["node"], seq, t0, t1, n, codec, incarnation)
     return header, body
 
@@ -211,27 +201,29 @@ _VERSIONS: Final[dict[int, _Format]] = {
 _FORMAT_VERSIONS: Final = tuple(_VERSIONS)
 
 
-def _open_envelope(data: bytes, limits: Limits) -> tuple[Header, bytes, _BodyDecoder]:
+def open_envelope(data: bytes, limits: Limits) -> tuple[Header, bytes, _BodyDecoder]:
+    """(header, body, the version's body decoder) of an envelope, its header checked; refuses with
+    ``Invalid`` (callers run it through ``run_decoder``)."""
     if not isinstance(data, bytes | bytearray | memoryview):
-        _fail("malformed", f"expected bytes, got {type(data).__name__}")
+        refuse("malformed", f"expected bytes, got {type(data).__name__}")
     view = memoryview(data).cast("B")
     if len(view) > limits.max_payload_bytes:
-        _fail("oversized", f"payload of {len(view)} bytes > {limits.max_payload_bytes}")
+        refuse("oversized", f"payload of {len(view)} bytes > {limits.max_payload_bytes}")
     head = bytes(view[:4])
     if head[:3] != MAGIC[: len(head)]:
-        _fail("bad_magic", "not an edge-relay batch")
+        refuse("bad_magic", "not an edge-relay batch")
     if len(head) < 4:
-        _fail("truncated", f"{len(head)} bytes")
+        refuse("truncated", f"{len(head)} bytes")
     fmt = _VERSIONS.get(head[3])
     if fmt is None:
-        _fail("unknown_version", f"format version {head[3]}")
+        refuse("unknown_version", f"format version {head[3]}")
     header, body = fmt.decode_envelope(view[4:], limits)
     return header, body, fmt.decode_body
 
 
 def peek_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Header:
     """Validate and return the envelope header without decompressing the body."""
-    header: Header = _run(lambda: _open_envelope(data, limits)[0])
+    header: Header = run_decoder(lambda: open_envelope(data, limits)[0])
     return header
 
 
@@ -239,12 +231,12 @@ def decode_batch(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
     """Decode and fully validate an envelope; raise DecodeError for anything wrong with it."""
 
     def go() -> Batch:
-        header, body, decode_body = _open_envelope(data, limits)
+        header, body, decode_body = open_envelope(data, limits)
         batch = decode_body(header, body, limits)
         batch.incarnation = header.incarnation
         return batch
 
-    batch: Batch = _run(go)
+    batch: Batch = run_decoder(go)
     return batch
 
 
@@ -252,12 +244,12 @@ def decode_batch_with_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tu
     """Like decode_batch, also returning the header (format version, codec)."""
 
     def go() -> tuple[Header, Batch]:
-        header, body, decode_body = _open_envelope(data, limits)
+        header, body, decode_body = open_envelope(data, limits)
         batch = decode_body(header, body, limits)
         batch.incarnation = header.incarnation
         return header, batch
 
-    result: tuple[Header, Batch] = _run(go)
+    result: tuple[Header, Batch] = run_decoder(go)
     return result
 
 
@@ -277,8 +269,8 @@ def float_repr(value: float) -> float | str:
 def _value_bits(values: array) -> array:
     # Reinterpret the column's bytes rather than round-trip each float through Python.
     bits = array("Q")
-    bits.frombytes(_column_to_bytes("d", values))
-    if _BIG_ENDIAN:
+    bits.frombytes(column_to_bytes("d", values))
+    if BIG_ENDIAN:
         bits.byteswap()
     return bits
 

@@ -17,25 +17,18 @@ from typing import Final
 import msgpack
 
 from schemas import columnar
-from schemas.codec import v3, v3_multicycle
-from schemas.codec.compression import DEFAULT_ZSTD_LEVEL, _bounded_decompress, _compressor
-from schemas.codec.envelope import MAGIC, _open_envelope, decode_batch
-from schemas.codec.limits import (
-    DEFAULT_LIMITS,
-    INT64_MAX,
-    EncodeError,
-    Header,
-    Limits,
-    _check_header_names,
-    _fail,
-    _Invalid,
-    _msgpack_error,
-    _run,
-    _strict_map,
-    _validate_batch,
-)
-from schemas.codec.v2 import _encode_labels_v2, _read_labels_v2
+from schemas.codec import v3
+from schemas.codec.compression import DEFAULT_ZSTD_LEVEL, bounded_decompress, compressor
+from schemas.codec.envelope import MAGIC, decode_batch, open_envelope
+from schemas.codec.errors import EncodeError, Invalid, refuse, run_decoder
+from schemas.codec.header import Header, check_header_names
+from schemas.codec.label_columns import encode_labels, read_labels
+from schemas.codec.limits import DEFAULT_LIMITS, INT64_MAX, Limits
+from schemas.codec.parsing import refuse_msgpack_error, strict_map
 from schemas.codec.v3 import CODEC_V3, FORMAT_V3, KIND_NONE, SID_BYTES, State
+from schemas.codec.v3 import multicycle as mc  # not ``multicycle``: StreamEncoder's flag has that name
+from schemas.codec.v3.state import in_range, zigzag_int
+from schemas.codec.validate import validate_batch
 from schemas.model import Batch
 
 STATE_MAGIC: Final = b"ERS"
@@ -50,10 +43,10 @@ def frame_base(data: bytes, limits: Limits = DEFAULT_LIMITS) -> bytes | None:
     """The base state id a v3 frame needs (None: a key frame, or not a v3 frame), body not decompressed."""
 
     def go() -> bytes | None:
-        header, body, _ = _open_envelope(data, limits)
+        header, body, _ = open_envelope(data, limits)
         return v3.split_body(body)[0] if header.version == FORMAT_V3 else None
 
-    base: bytes | None = _run(go)
+    base: bytes | None = run_decoder(go)
     return base
 
 
@@ -63,14 +56,14 @@ def frame_ids(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[bytes | Non
     decoder that lacks a frame's base knows from this which state it will never get from that frame."""
 
     def go() -> tuple[bytes | None, bytes]:
-        header, body, _ = _open_envelope(data, limits)
+        header, body, _ = open_envelope(data, limits)
         if header.version != FORMAT_V3:
-            _fail("unknown_version", f"not a v3 frame (version {header.version})")
+            refuse("unknown_version", f"not a v3 frame (version {header.version})")
         base, compressed = v3.split_body(body)
         content = v3.content_of(compressed, limits)
         return base, v3.state_id(header.node, v3.NO_BASE if base is None else base, content)
 
-    ids: tuple[bytes | None, bytes] = _run(go)
+    ids: tuple[bytes | None, bytes] = run_decoder(go)
     return ids
 
 
@@ -86,16 +79,16 @@ class StreamEncoder:
         level: int = DEFAULT_ZSTD_LEVEL,
         limits: Limits = DEFAULT_LIMITS,
         multicycle: bool = True,
-        multicycle_level: int = v3_multicycle.DEFAULT_LEVEL,
-        orders: tuple[int, ...] = v3_multicycle.ORDERS,
+        multicycle_level: int = mc.DEFAULT_LEVEL,
+        orders: tuple[int, ...] = mc.ORDERS,
     ) -> None:
         """``multicycle``: a batch of several scrape cycles (a window) goes in the multi-cycle layout
         (frame kinds 0x02/0x03), compressed at ``multicycle_level``, predictor orders from ``orders``;
         a batch of one cycle is always a 0x00/0x01 frame."""
         if keyframe_every < 1:
             raise ValueError("keyframe_every must be >= 1")
-        if not orders or not set(orders) <= set(v3_multicycle.ORDERS):
-            raise ValueError(f"orders must be among {v3_multicycle.ORDERS}")
+        if not orders or not set(orders) <= set(mc.ORDERS):
+            raise ValueError(f"orders must be among {mc.ORDERS}")
         self.multicycle = multicycle
         self.multicycle_level = multicycle_level
         self.orders = tuple(orders)
@@ -176,21 +169,18 @@ class StreamEncoder:
             return
         # Label sets already in the dictionary passed these checks when they were added.
         known = self._state.index if self._state is not None else ()
-        try:
-            _validate_batch(batch, self.limits, known)
-        except _Invalid as exc:
-            raise EncodeError(exc.reason, exc.message) from None
+        validate_batch(batch, self.limits, known)
 
     def _frame(self, base: State | None, batch: Batch) -> tuple[bytes, State]:
-        cycle = v3_multicycle.cycle_length(batch) if self.multicycle else 0
+        cycle = mc.cycle_length(batch) if self.multicycle else 0
         try:
             if cycle:
-                content, state = v3_multicycle.encode_frame(base, batch, self.limits, cycle, self.orders)
+                content, state = mc.encode_frame(base, batch, self.limits, cycle, self.orders)
                 body = v3.pack_body(base, content, self.multicycle_level, multicycle=True)
             else:
                 content, state = v3.encode_frame(base, batch, self.limits)
                 body = v3.pack_body(base, content, self.level)
-        except _Invalid as exc:
+        except Invalid as exc:
             raise EncodeError(exc.reason, exc.message) from None
         header = {
             "cluster": batch.cluster,
@@ -285,7 +275,7 @@ class StreamDecoder:
         """(header, batch, id of the state the frame left or None for v1/v2) of a frame."""
 
         def go() -> tuple[Header, Batch, bytes | None]:
-            header, body, _ = _open_envelope(data, self.limits)
+            header, body, _ = open_envelope(data, self.limits)
             if header.version != FORMAT_V3:
                 return header, decode_batch(data, self.limits), None
             kind, base_id, compressed = v3.split_frame(body)
@@ -298,12 +288,12 @@ class StreamDecoder:
             self._store(header.cluster, state, base_id)
             return header, batch, state.sid
 
-        result: tuple[Header, Batch, bytes | None] = _run(go)
+        result: tuple[Header, Batch, bytes | None] = run_decoder(go)
         return result
 
     def load_state(self, message: bytes) -> bytes:
         """Take a state message (``StreamEncoder.state()``); return its state id."""
-        cluster, state = _run(lambda: decode_state(message, self.limits))
+        cluster, state = run_decoder(lambda: decode_state(message, self.limits))
         self._store(cluster, state)
         return state.sid
 
@@ -316,12 +306,12 @@ class StreamDecoder:
         if message is not None:
             try:
                 got_cluster, state = decode_state(message, self.limits)
-            except _Invalid:  # a bad or stale state message: the frame is re-sent self-contained
+            except Invalid:  # a bad or stale state message: the frame is re-sent self-contained
                 got_cluster, state = "", State(node)
             if (got_cluster, state.node, state.sid) == (cluster, node, sid):
                 self._store(cluster, state)
                 return state
-        _fail("need_state", f"no state {sid.hex()} of node {node!r}")
+        refuse("need_state", f"no state {sid.hex()} of node {node!r}")
 
     def _store(self, cluster: str, state: State, base: bytes | None = None) -> None:
         key = (cluster, state.node)
@@ -342,7 +332,7 @@ class StreamDecoder:
 def encode_state(cluster: str, state: State, level: int = DEFAULT_ZSTD_LEVEL) -> bytes:
     count = bytearray()
     columnar.put_uvarint(count, len(state.labels))
-    labels = _encode_labels_v2(state.labels) if state.labels else (b"",) * 5
+    labels = encode_labels(state.labels) if state.labels else (b"",) * 5
     blocks = bytearray()
     columnar.put_uvarint(blocks, len(state.blocks))
     for t, ids in state.blocks:
@@ -354,35 +344,35 @@ def encode_state(cluster: str, state: State, level: int = DEFAULT_ZSTD_LEVEL) ->
     for kind, m, d in zip(state.kinds, state.ms, state.ds, strict=True):
         values.append(kind)
         if kind != KIND_NONE:  # m and the previous integer m - d: both within the kind's range
-            columnar.put_uvarint(values, v3._zz(m))
-            columnar.put_uvarint(values, v3._zz(m - d))
-    content = v3._sections((bytes(count), *labels, bytes(blocks), bytes(values)))
-    body = _compressor(level).compress(content)
+            columnar.put_uvarint(values, zigzag_int(m))
+            columnar.put_uvarint(values, zigzag_int(m - d))
+    content = v3.join_sections((bytes(count), *labels, bytes(blocks), bytes(values)))
+    body = compressor(level).compress(content)
     fields = {"cluster": cluster, "node": state.node, "sid": state.sid, "body": body}
     return STATE_MAGIC + bytes((STATE_VERSION,)) + msgpack.packb(fields, use_bin_type=True)
 
 
 def decode_state(message: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[str, State]:
-    """(cluster, state) of a state message; raises ``_Invalid`` (callers run it through ``_run``)."""
+    """(cluster, state) of a state message; raises ``Invalid`` (callers run it through ``_run``)."""
     if not isinstance(message, bytes | bytearray | memoryview):
-        _fail("malformed", f"expected bytes, got {type(message).__name__}")
+        refuse("malformed", f"expected bytes, got {type(message).__name__}")
     view = memoryview(message).cast("B")
     # A state holds a dictionary: allowed up to the decompression cap, not just one payload.
     if len(view) > limits.max_payload_bytes:
-        _fail("oversized", f"state message of {len(view)} bytes > {limits.max_payload_bytes}")
+        refuse("oversized", f"state message of {len(view)} bytes > {limits.max_payload_bytes}")
     if bytes(view[:3]) != STATE_MAGIC[: len(view[:3])]:
-        _fail("bad_magic", "not a stream state message")
+        refuse("bad_magic", "not a stream state message")
     if len(view) < 4:
-        _fail("truncated", f"state message of {len(view)} bytes")
+        refuse("truncated", f"state message of {len(view)} bytes")
     if view[3] != STATE_VERSION:
-        _fail("unknown_version", f"state message version {view[3]}")
+        refuse("unknown_version", f"state message version {view[3]}")
     try:
         fields = msgpack.unpackb(
             view[4:],
             raw=False,
             strict_map_key=True,
             use_list=False,
-            object_pairs_hook=_strict_map,
+            object_pairs_hook=strict_map,
             max_bin_len=limits.max_payload_bytes,
             max_str_len=_HEADER_MAX_STR,
             max_array_len=8,
@@ -390,14 +380,14 @@ def decode_state(message: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[str, 
             max_ext_len=8,
         )
     except ValueError as exc:
-        _msgpack_error(exc, "state message")
+        refuse_msgpack_error(exc, "state message")
     if type(fields) is not dict or set(fields) != {"cluster", "node", "sid", "body"}:
-        _fail("malformed", "state message needs exactly cluster, node, sid, body")
-    _check_header_names(fields["cluster"], fields["node"])
+        refuse("malformed", "state message needs exactly cluster, node, sid, body")
+    check_header_names(fields["cluster"], fields["node"])
     sid, body = fields["sid"], fields["body"]
     if type(sid) is not bytes or len(sid) != SID_BYTES or type(body) is not bytes:
-        _fail("malformed", "state message sid/body")
-    content = bytes(_bounded_decompress(body, limits.max_decompressed_bytes))
+        refuse("malformed", "state message sid/body")
+    content = bytes(bounded_decompress(body, limits.max_decompressed_bytes))
     return fields["cluster"], _read_state(fields["node"], sid, content, limits)
 
 
@@ -410,27 +400,27 @@ def _read_state(node: str, sid: bytes, content: bytes, limits: Limits) -> State:
     count.done()
     st = State(node, sid)
     if n:
-        for labels in _read_labels_v2(parts[1:6], n, limits):
+        for labels in read_labels(parts[1:6], n, limits):
             st.add_series(labels)
         if st.pairs > limits.max_label_pairs:
-            _fail("too_many_label_pairs", f"dictionary of more than {limits.max_label_pairs} label pairs")
+            refuse("too_many_label_pairs", f"dictionary of more than {limits.max_label_pairs} label pairs")
     elif any(parts[1:6]):
-        _fail("length_mismatch", "label sections in the state of an empty dictionary")
+        refuse("length_mismatch", "label sections in the state of an empty dictionary")
     br = columnar.Reader(parts[6], "BLOCKS")
     total = 0
     for _ in range(br.count(limits.max_scrapes, "too_many_scrapes", "blocks")):
         t = br.uvarint()
         if t > INT64_MAX:
-            _fail("bad_timestamp", f"state block timestamp {t}")
+            refuse("bad_timestamp", f"state block timestamp {t}")
         size = br.count(min(n, br.remaining()), "bad_index", "block members")
         total += size
         if total > limits.max_samples:
-            _fail("too_many_samples", f"state blocks of more than {limits.max_samples} series")
+            refuse("too_many_samples", f"state blocks of more than {limits.max_samples} series")
         ids = br.uvarints(size)
         if ids and max(ids) >= n:
-            _fail("bad_index", f"state block names series {max(ids)} of {n}")
+            refuse("bad_index", f"state block names series {max(ids)} of {n}")
         if len(set(ids)) != len(ids):
-            _fail("duplicate_sample", "a series twice in one state block")
+            refuse("duplicate_sample", "a series twice in one state block")
         st.blocks.append((t, ids))
     br.done()
     vr = columnar.Reader(parts[7], "VALUES")
@@ -440,8 +430,8 @@ def _read_state(node: str, sid: bytes, content: bytes, limits: Limits) -> State:
             continue
         m = columnar.unzigzag(vr.uvarint())
         prev = columnar.unzigzag(vr.uvarint())
-        if not (v3._in_range(kind, m) and v3._in_range(kind, prev)):
-            _fail("malformed", f"state of series {i}: kind 0x{kind:02x} with {m}, {prev}")
+        if not (in_range(kind, m) and in_range(kind, prev)):
+            refuse("malformed", f"state of series {i}: kind 0x{kind:02x} with {m}, {prev}")
         st.kinds[i], st.ms[i], st.ds[i] = kind, m, m - prev
     vr.done()
     return st

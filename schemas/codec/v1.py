@@ -13,21 +13,14 @@ from typing import Any, Final
 
 import msgpack
 
-from schemas.codec.compression import _bounded_decompress, _compressor
+from schemas.codec.columns import U32, check_block_columns, column_from_bytes, column_to_bytes
+from schemas.codec.compression import bounded_decompress, compressor
+from schemas.codec.errors import refuse
+from schemas.codec.header import Header, check_timestamp
+from schemas.codec.labels import LabelChecker
 from schemas.codec.lastlabels import LastLabels
-from schemas.codec.limits import (
-    _U32,
-    Header,
-    Limits,
-    _check_block_columns,
-    _check_timestamp,
-    _column_from_bytes,
-    _column_to_bytes,
-    _fail,
-    _LabelChecker,
-    _msgpack_error,
-    _strict_map,
-)
+from schemas.codec.limits import Limits
+from schemas.codec.parsing import refuse_msgpack_error, strict_map
 from schemas.model import Batch, Labels, ScrapeBlock
 
 FORMAT_V1: Final = 1
@@ -38,11 +31,11 @@ _BODY_READ_SIZE: Final = 64 << 10
 # Packed label sets by label set. The edge writes a live cycle's rows as v1 (the quickest form to
 # write), and a cycle's series are mostly the last cycle's: a label set is packed once, not every
 # cycle (0.8 -> 0.15 us a sample on the simulator's workload). Two generations, the older dropped
-# every _GENERATION bodies, so what it holds is the live series plus a few bodies' churn, never every
+# every GENERATION bodies, so what it holds is the live series plus a few bodies' churn, never every
 # series a node ever had; only a cost, never a difference in the bytes. (16 bodies held ~2.4 times the
 # live series at 20,000 series on the simulator, 15 MiB; 4 bodies, a cycle's row and the flight
 # recorder's block among them, re-pack only what churned since.)
-_GENERATION: Final = 4
+GENERATION: Final = 4
 # Raw bodies up to this size are joined and compressed at once (the golden vectors' exact bytes).
 _JOIN_MAX_BYTES: Final = 1 << 20
 _LABEL_PIECE: Final = 1024  # label sets joined per piece fed to the compressor above that size
@@ -54,8 +47,13 @@ _bodies = 0
 def _next_body() -> None:
     global _packed, _packed_before, _bodies
     _bodies += 1
-    if _bodies >= _GENERATION:
+    if _bodies >= GENERATION:
         _packed_before, _packed, _bodies = _packed, {}, 0
+
+
+def cached_label_sets() -> int:
+    """Label sets the packing cache holds now: at most two generations of GENERATION bodies' worth."""
+    return len(_packed) + len(_packed_before)
 
 
 def _packed_labels(labels: Labels) -> bytes:
@@ -75,7 +73,7 @@ def _pack_labels(labels: Labels) -> bytes:
     return msgpack.packb([part for pair in labels for part in pair], use_bin_type=True)  # flat k, v, ...
 
 
-def _body_parts(batch: Batch) -> tuple[list[bytes], list[bytes], list[bytes]]:
+def body_parts(batch: Batch) -> tuple[list[bytes], list[bytes], list[bytes]]:
     """msgpack({"labelsets": [...], "scrapes": [...]}) as (head, label sets, tail), written piecewise
     so that each label set's packed bytes come from the cache; joined in that order, byte for byte
     what packing the whole map writes."""
@@ -86,11 +84,11 @@ def _body_parts(batch: Batch) -> tuple[list[bytes], list[bytes], list[bytes]]:
     for block in batch.scrapes:
         scrape: dict[str, Any] = {
             "t": block.timestamp_ms,
-            "s": _column_to_bytes(_U32, block.series),
-            "v": _column_to_bytes("d", block.values),
+            "s": column_to_bytes(U32, block.series),
+            "v": column_to_bytes("d", block.values),
         }
         if block.timestamps is not None:
-            scrape["ts"] = _column_to_bytes("q", block.timestamps)
+            scrape["ts"] = column_to_bytes("q", block.timestamps)
         tail.append(packer.pack(scrape))
     _next_body()
     head = [
@@ -107,11 +105,11 @@ _labels_part = LastLabels(lambda labelsets: list(map(_packed_labels, labelsets))
 
 def encode_body(batch: Batch, level: int, limits: Limits) -> tuple[bytes, int, int, int]:
     """(body, n, t0, t1) of a v1 envelope."""
-    head, labels, tail = _body_parts(batch)
+    head, labels, tail = body_parts(batch)
     size = sum(map(len, chain(head, labels, tail)))
     if size > limits.max_decompressed_bytes:
-        _fail("decompression_limit", f"body of {size} bytes; split the batch")
-    comp = _compressor(level)
+        refuse("decompression_limit", f"body of {size} bytes; split the batch")
+    comp = compressor(level)
     if size <= _JOIN_MAX_BYTES:
         body = comp.compress(b"".join(chain(head, labels, tail)))
     else:
@@ -128,7 +126,7 @@ def encode_body(batch: Batch, level: int, limits: Limits) -> tuple[bytes, int, i
 
 
 def decode_body(header: Header, body: bytes, limits: Limits) -> Batch:
-    raw = _bounded_decompress(body, limits.max_decompressed_bytes)
+    raw = bounded_decompress(body, limits.max_decompressed_bytes)
     size = len(raw)
     unpacker = msgpack.Unpacker(
         # Read through a file object: the unpacker then buffers one object at a time instead of a
@@ -139,7 +137,7 @@ def decode_body(header: Header, body: bytes, limits: Limits) -> Batch:
         raw=False,
         strict_map_key=True,
         use_list=False,
-        object_pairs_hook=_strict_map,
+        object_pairs_hook=strict_map,
         max_bin_len=limits.max_decompressed_bytes,
         # Room above the legal maxima so an over-long label is reported as label_too_long.
         max_str_len=4 * max(limits.max_label_value_bytes, limits.max_label_name_bytes, 16),
@@ -152,19 +150,19 @@ def decode_body(header: Header, body: bytes, limits: Limits) -> Batch:
     try:
         labelsets, scrapes = _read_body_v1(unpacker, limits)
         if unpacker.tell() != size:
-            _fail("malformed", f"{size - unpacker.tell()} bytes after the body")
+            refuse("malformed", f"{size - unpacker.tell()} bytes after the body")
     except (msgpack.OutOfData, msgpack.exceptions.BufferFull):
         # BufferFull: a body shorter than the header it starts (the buffer is capped at its size).
-        _fail("malformed", "body ends early")
+        refuse("malformed", "body ends early")
     except ValueError as exc:
-        _msgpack_error(exc, "body")
+        refuse_msgpack_error(exc, "body")
     batch = Batch(header.cluster, header.node, header.seq, labelsets, scrapes)
     total = batch.sample_count
     if total != header.sample_count:
-        _fail("header_mismatch", f"header n={header.sample_count}, body has {total} samples")
+        refuse("header_mismatch", f"header n={header.sample_count}, body has {total} samples")
     first, last = batch.first_timestamp_ms, batch.last_timestamp_ms
     if (first, last) != (header.first_ts_ms, header.last_ts_ms):
-        _fail(
+        refuse(
             "header_mismatch",
             f"header t0..t1={header.first_ts_ms}..{header.last_ts_ms}, body has {first}..{last}",
         )
@@ -185,15 +183,15 @@ def _read_body_v1(unpacker: msgpack.Unpacker, limits: Limits) -> tuple[list[Labe
         elif key == "scrapes" and raw_scrapes is None:
             raw_scrapes = _read_scrapes(unpacker, limits)
         else:
-            _fail("malformed", f"unknown or repeated body key {str(key)[:64]!r}")
+            refuse("malformed", f"unknown or repeated body key {str(key)[:64]!r}")
     if labelsets is None or raw_scrapes is None:
-        _fail("malformed", "body needs both labelsets and scrapes")
+        refuse("malformed", "body needs both labelsets and scrapes")
     scrapes = []
     for i, (t, s, v, ts) in enumerate(raw_scrapes):
-        series = _column_from_bytes(_U32, s)
-        values = _column_from_bytes("d", v)
-        timestamps = None if ts is None else _column_from_bytes("q", ts)
-        _check_block_columns(series, values, timestamps, len(labelsets), i)
+        series = column_from_bytes(U32, s)
+        values = column_from_bytes("d", v)
+        timestamps = None if ts is None else column_from_bytes("q", ts)
+        check_block_columns(series, values, timestamps, len(labelsets), i)
         scrapes.append(ScrapeBlock(t, series, values, timestamps))
     return labelsets, scrapes
 
@@ -201,49 +199,49 @@ def _read_body_v1(unpacker: msgpack.Unpacker, limits: Limits) -> tuple[list[Labe
 def _read_labelsets(unpacker: msgpack.Unpacker, limits: Limits) -> list[Labels]:
     count = unpacker.read_array_header()
     if count > limits.max_series:
-        _fail("too_many_series", f"{count} series > {limits.max_series}")
+        refuse("too_many_series", f"{count} series > {limits.max_series}")
     labelsets: list[Labels] = []
-    checker = _LabelChecker(limits)
+    checker = LabelChecker(limits)
     # Equal (name, value) pairs are shared between series to keep big batches small in memory.
     shared: dict[tuple[str, str], tuple[str, str]] = {}
     budget = limits.max_label_pairs
     for _ in range(count):
         flat = unpacker.unpack()
         if type(flat) is not tuple:
-            _fail("malformed", "a label set must be an array")
+            refuse("malformed", "a label set must be an array")
         if len(flat) % 2:
-            _fail("malformed", "a label set array must have an even length")
+            refuse("malformed", "a label set array must have an even length")
         budget -= len(flat) // 2
         if budget < 0:
-            _fail("too_many_label_pairs", f"more than {limits.max_label_pairs} labels in the batch")
+            refuse("too_many_label_pairs", f"more than {limits.max_label_pairs} labels in the batch")
         names, values = flat[0::2], flat[1::2]
         checker.check(names, values)
         labelsets.append(tuple([shared.setdefault(p, p) for p in zip(names, values, strict=True)]))
     if len(set(labelsets)) != len(labelsets):
-        _fail("duplicate_series", "the same label set appears twice")
+        refuse("duplicate_series", "the same label set appears twice")
     return labelsets
 
 
 def _read_scrapes(unpacker: msgpack.Unpacker, limits: Limits) -> list[_RawScrape]:
     count = unpacker.read_array_header()
     if count > limits.max_scrapes:
-        _fail("too_many_scrapes", f"{count} scrapes > {limits.max_scrapes}")
+        refuse("too_many_scrapes", f"{count} scrapes > {limits.max_scrapes}")
     out: list[_RawScrape] = []
     total = 0
     for i in range(count):
         sc = unpacker.unpack()
         if type(sc) is not dict:
-            _fail("malformed", f"scrape {i} is not a map")
+            refuse("malformed", f"scrape {i} is not a map")
         if not {"t", "s", "v"} <= sc.keys() or not sc.keys() <= {"t", "s", "v", "ts"}:
-            _fail("malformed", f"scrape {i} keys {sorted(map(str, sc))}: need t, s, v and optional ts")
-        t = _check_timestamp(sc["t"], f"scrape {i} t")
+            refuse("malformed", f"scrape {i} keys {sorted(map(str, sc))}: need t, s, v and optional ts")
+        t = check_timestamp(sc["t"], f"scrape {i} t")
         s, v, ts = sc["s"], sc["v"], sc.get("ts")
         if type(s) is not bytes or type(v) is not bytes or ("ts" in sc and type(ts) is not bytes):
-            _fail("malformed", f"scrape {i}: s, v and ts must be bytes")
+            refuse("malformed", f"scrape {i}: s, v and ts must be bytes")
         if len(s) % 4 or len(v) % 8 or (ts is not None and len(ts) % 8):
-            _fail("length_mismatch", f"scrape {i}: column byte length not a multiple of its item size")
+            refuse("length_mismatch", f"scrape {i}: column byte length not a multiple of its item size")
         total += len(v) // 8
         if total > limits.max_samples:
-            _fail("too_many_samples", f"more than {limits.max_samples} samples")
+            refuse("too_many_samples", f"more than {limits.max_samples} samples")
         out.append((t, s, v, ts))
     return out

@@ -1,26 +1,19 @@
-"""The wire format's version 3 golden vectors (``v3/``): key frames of the v2 batches, a stream chain
-with its state message, the multi-cycle layout's chain, and invalid frames. ``make_golden.py`` writes
-them; the tests rebuild the streams from here. The crafting helpers and batches are
-``make_golden``'s, imported from beside this file (run as a script, ``make_golden`` is ``__main__``
-and this imports a second copy of it: its functions are pure, so both make the same bytes).
+"""The golden vectors of format version 3 (``v3/``): key frames of the v2 batches, a stream chain with
+its state message, the multi-cycle layout's chain, and invalid frames.  ``make_golden`` writes them;
+the tests rebuild the streams from here.  The batches and crafting helpers are ``vectors``'.
 """
 
 from __future__ import annotations
 
 import struct
-import sys
 from array import array
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-for _path in (HERE.parent.parent, HERE):
-    if str(_path) not in sys.path:
-        sys.path.insert(0, str(_path))
+import msgpack
 
-import msgpack  # noqa: E402
-from make_golden import (  # noqa: E402
+from schemas import codec
+from schemas.golden.vectors import (
     LEVEL,
     T0,
     V2_BATCHES,
@@ -31,11 +24,7 @@ from make_golden import (  # noqa: E402
     refused_vector,
     values_from_bits,
 )
-
-from schemas import codec  # noqa: E402
-from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock  # noqa: E402
-
-V3_DIR = HERE / "v3"
+from schemas.model import STALE_NAN_BITS, Batch, Labels, ScrapeBlock
 
 
 def v3_stream() -> list[Batch]:
@@ -78,7 +67,7 @@ def v3_stream() -> list[Batch]:
 
 
 def v3_vectors() -> dict[str, tuple[bytes, dict[str, Any]]]:
-    """name -> (bytes, JSON view) of the v3 vectors (names relative to V3_DIR), checked as they are made."""
+    """name -> (bytes, JSON view) of the v3 vectors (names relative to ``v3/``), checked as they are made."""
     out: dict[str, tuple[bytes, dict[str, Any]]] = {}
     for name, (make, description) in V2_BATCHES.items():
         data = codec.encode_batch(make(), LEVEL, version=codec.FORMAT_V3)

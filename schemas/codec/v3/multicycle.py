@@ -1,7 +1,7 @@
 """Multi-cycle layout of wire format v3 (frame kinds 0x02 key / 0x03 delta): a frame of several cycles.
 
 Windowed mode publishes one frame per batch window (12 scrape cycles of every target).  The single-cycle
-layout (``v3``) codes such a frame as one long cycle: values time-major, each block against the block at
+layout (``single``) codes such a frame as one long cycle: values time-major, each block against the block at
 the same index of the previous frame (the same target 12 cycles earlier).  This layout codes the same
 dictionary, blocks and values differently (``schemas/wire-format.md`` section 11.5):
 
@@ -24,12 +24,40 @@ from __future__ import annotations
 from typing import Final
 
 from schemas import columnar
-from schemas.codec import v3
-from schemas.codec.limits import Header, Limits, _fail
-from schemas.codec.v3 import _MAX_K, _U64, KIND_NONE, KIND_RAW, KIND_STALE, State
+from schemas.codec.errors import refuse
+from schemas.codec.header import Header
+from schemas.codec.limits import Limits
+from schemas.codec.v3.frame import (
+    HEAD_SECTIONS,
+    Block,
+    add_series,
+    code_block,
+    finish,
+    read_added,
+    read_block,
+    read_exceptions,
+    read_sections,
+    seal,
+)
+from schemas.codec.v3.state import (
+    F64_STRUCT,
+    KIND_NONE,
+    KIND_RAW,
+    KIND_STALE,
+    MAX_K,
+    POW10,
+    U64_SPAN,
+    U64_STRUCT,
+    State,
+    as_decimal,
+    in_range,
+    restart,
+    zigzag_int,
+)
+from schemas.columnar import put_uvarint
 from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch
 
-MC_SECTIONS: Final = (*v3.V3_SECTIONS[:9], "ORDER", "DELTAS")
+MC_SECTIONS: Final = (*HEAD_SECTIONS, "ORDER", "DELTAS")
 DEFAULT_LEVEL: Final = 19  # zstd of multi-cycle frames (one per window): docs/stream-codec.md
 ORDERS: Final = (1, 2, 3, 4)  # the predictor orders the encoder chooses from by default
 MAX_ORDER: Final = 4
@@ -67,31 +95,29 @@ def encode_frame(
     base: State | None, batch: Batch, limits: Limits, cycle: int, orders: tuple[int, ...] = ORDERS
 ) -> tuple[bytes, State]:
     """(content, state after it) of ``batch`` in the multi-cycle layout, ``cycle`` blocks per cycle
-    (1..number of blocks; 0 only for a batch without blocks).  As ``v3.encode_frame`` otherwise."""
+    (1..number of blocks; 0 only for a batch without blocks).  As ``single.encode_frame`` otherwise."""
     n = len(batch.scrapes)
     if not (1 <= cycle <= n or cycle == n == 0) or not set(orders) <= set(ORDERS) or not orders:
         raise ValueError(f"cycle {cycle} of {n} blocks, orders {orders}")
     st = State(batch.node) if base is None else base.derive()
-    added, to_id = v3._add_series(st, batch, limits)
+    added, to_id = add_series(st, batch, limits)
     blocks_out = bytearray()
     ts_out = bytearray()
-    v3._put(blocks_out, n)
-    v3._put(blocks_out, cycle)
+    put_uvarint(blocks_out, n)
+    put_uvarint(blocks_out, cycle)
     refs = list(st.blocks)  # the state's blocks, then the frame's: block j refers to j - cycle
     off = len(refs) - cycle
     ids: list[int] = []
     values: list[float] = []
     for j, block in enumerate(batch.scrapes):
         ref = refs[off + j] if off + j >= 0 else (0, [])
-        coded, vals = v3._code_block(blocks_out, ts_out, block, to_id, ref)
+        coded, vals = code_block(blocks_out, ts_out, block, to_id, ref)
         refs.append((block.timestamp_ms, coded))
         ids += coded
         values += vals
     st.blocks = refs[len(refs) - cycle :] if cycle else []
     exc, order, deltas = _encode_values(st, ids, values, orders)
-    return v3._seal(
-        st, base, batch.node, added, (bytes(blocks_out), bytes(ts_out), exc, order, deltas), limits
-    )
+    return seal(st, base, batch.node, added, (bytes(blocks_out), bytes(ts_out), exc, order, deltas), limits)
 
 
 def _groups(ids: list[int]) -> dict[int, list[int]]:
@@ -129,15 +155,15 @@ def _encode_values(
                 zs.append(tok)
                 continue
             k, m = tok
-            v3._put(exc, q + t - last - 1)
+            put_uvarint(exc, q + t - last - 1)
             exc.append(k)
             if k != KIND_STALE:
-                v3._put(exc, v3._zz(m))
+                put_uvarint(exc, zigzag_int(m))
             last = q + t
             n_exc += 1
         q += len(ps)
     head = bytearray()
-    v3._put(head, n_exc)
+    put_uvarint(head, n_exc)
     return bytes(head + exc), bytes(order_out), planes(zs)
 
 
@@ -156,20 +182,20 @@ def _choose(
     toks: list[_Token | None] = []
     res: tuple[list[int], ...] = ([], [], [], [])
     r1s, r2s, r3s, r4s = res
-    as_decimal = v3._as_decimal
+    decimal_of = as_decimal  # a local: looked up per sample
     for v, bit in zip(vs, bs, strict=True):
         if bit == STALE_NAN_BITS:
             toks.append(_STALE_TOKEN)
             continue
         x: int | None
-        if k <= _MAX_K:
-            x = as_decimal(v, bit, k)
+        if k <= MAX_K:
+            x = decimal_of(v, bit, k)
         elif k == KIND_RAW:
-            x = bit - _U64 if bit >> 63 else bit
+            x = bit - U64_SPAN if bit >> 63 else bit
         else:
             x = None
         if x is None:
-            k, x = v3._restart(v, bit, k)
+            k, x = restart(v, bit, k)
             toks.append((k, x))
             m, a, b, c, deep = x, 0, 0, 0, False
             continue
@@ -188,7 +214,7 @@ def _choose(
         cost = -1
         for o in prefer:
             zz = [r << 1 if r >= 0 else (-r << 1) - 1 for r in res[o - 1]]
-            if max(zz) >= _U64:  # raw bits across the sign bit: this order needs exceptions
+            if max(zz) >= U64_SPAN:  # raw bits across the sign bit: this order needs exceptions
                 continue
             bits = sum(map(int.bit_length, zz))
             if cost < 0 or bits < cost:
@@ -211,21 +237,21 @@ def _walk(
             toks.append(_STALE_TOKEN)
             continue
         x: int | None = None
-        if k <= _MAX_K:
-            x = v3._as_decimal(v, bit, k)
+        if k <= MAX_K:
+            x = as_decimal(v, bit, k)
         elif k == KIND_RAW:
-            x = bit - _U64 if bit >> 63 else bit
+            x = bit - U64_SPAN if bit >> 63 else bit
         if x is not None:
             r1 = x - m
             r2 = r1 - a
             r3 = r2 - b
             r = (r1, r2, r3, r3 - c)[order - 1]
             z = r << 1 if r >= 0 else (-r << 1) - 1
-            if z < _U64:
+            if z < U64_SPAN:
                 toks.append(z)
                 m, a, b, c, deep = x, r1, r2, r3 if deep else 0, True
                 continue
-        k, x = v3._restart(v, bit, k)
+        k, x = restart(v, bit, k)
         toks.append((k, x))
         m, a, b, c, deep = x, 0, 0, 0, False
     return toks, (k, m, a)
@@ -252,7 +278,7 @@ def unplanes(buf: bytes, count: int) -> list[int]:
     """The ``count`` values of DELTAS written by ``planes``; the whole section, nothing else."""
     zs = list(buf[:count])
     if len(zs) != count:
-        _fail("length_mismatch", f"DELTAS: {len(buf)} bytes for {count} residuals")
+        refuse("length_mismatch", f"DELTAS: {len(buf)} bytes for {count} residuals")
     todo = [p for p, z in enumerate(zs) if z & 0x80]
     for p in todo:
         zs[p] &= 0x7F
@@ -260,10 +286,10 @@ def unplanes(buf: bytes, count: int) -> list[int]:
     shift = 7
     while todo:
         if shift > 63:
-            _fail("malformed", "DELTAS: a residual of more than 10 bytes")
+            refuse("malformed", "DELTAS: a residual of more than 10 bytes")
         chunk = buf[pos : pos + len(todo)]
         if len(chunk) != len(todo):
-            _fail("length_mismatch", f"DELTAS: plane {shift // 7} cut short")
+            refuse("length_mismatch", f"DELTAS: plane {shift // 7} cut short")
         pos += len(todo)
         nxt = []
         for p, byte in zip(todo, chunk, strict=True):
@@ -273,61 +299,61 @@ def unplanes(buf: bytes, count: int) -> list[int]:
         todo = nxt
         shift += 7
     if pos != len(buf):
-        _fail("length_mismatch", f"DELTAS: {len(buf) - pos} bytes after the last plane")
-    if shift > 63 and max(zs) >= _U64:
-        _fail("malformed", "DELTAS: a residual of 2^64 or more")
+        refuse("length_mismatch", f"DELTAS: {len(buf) - pos} bytes after the last plane")
+    if shift > 63 and max(zs) >= U64_SPAN:
+        refuse("malformed", "DELTAS: a residual of 2^64 or more")
     return zs
 
 
 def decode_frame(base: State | None, header: Header, content: bytes, limits: Limits) -> tuple[Batch, State]:
-    """(batch, state after it) of multi-cycle content against ``base``; as ``v3.decode_frame``."""
+    """(batch, state after it) of multi-cycle content against ``base``; as ``single.decode_frame``."""
     st = State(header.node) if base is None else base.derive()
-    parts = v3.read_sections(content, MC_SECTIONS)
-    v3.read_added(st, parts, limits)
+    parts = read_sections(content, MC_SECTIONS)
+    read_added(st, parts, limits)
     r = columnar.Reader(parts[6], "BLOCKS")
     tr = columnar.Reader(parts[7], "TS")
     n_blocks = r.count(limits.max_scrapes, "too_many_scrapes", "blocks")
     cycle = r.uvarint()
     if not (1 <= cycle <= n_blocks or cycle == n_blocks == 0):
-        _fail("malformed", f"BLOCKS: {cycle} blocks per cycle of {n_blocks}")
+        refuse("malformed", f"BLOCKS: {cycle} blocks per cycle of {n_blocks}")
     refs = [(t, coded) for t, coded in st.blocks]
     off = len(refs) - cycle
     n_dict = len(st.labels)
-    blocks: list[v3._Block] = []
+    blocks: list[Block] = []
     ids: list[int] = []
     for j in range(n_blocks):
-        block = v3.read_block(r, tr, j, refs[off + j] if off + j >= 0 else (0, []), n_dict)
+        block = read_block(r, tr, j, refs[off + j] if off + j >= 0 else (0, []), n_dict)
         if len(ids) + len(block[1]) > limits.max_samples:
-            _fail("too_many_samples", f"more than {limits.max_samples} samples")
+            refuse("too_many_samples", f"more than {limits.max_samples} samples")
         ids += block[1]
         blocks.append(block)
         refs.append((block[0], block[1]))
     r.done()
     tr.done()
     if len(ids) != header.sample_count:
-        _fail("header_mismatch", f"header n={header.sample_count}, frame has {len(ids)} samples")
+        refuse("header_mismatch", f"header n={header.sample_count}, frame has {len(ids)} samples")
     values = _decode_values(st, ids, parts[8], parts[9], parts[10])
     st.blocks = refs[len(refs) - cycle :] if cycle else []
-    return v3.finish(st, base, header, content, blocks, values)
+    return finish(st, base, header, content, blocks, values)
 
 
 def _decode_values(
     st: State, ids: list[int], exc_buf: bytes, order_buf: bytes, delta_buf: bytes
 ) -> list[float]:
     total = len(ids)
-    exc, n_exc = v3.read_exceptions(exc_buf, total)
+    exc, n_exc = read_exceptions(exc_buf, total)
     groups = _groups(ids)
     if len(order_buf) != len(groups):
-        _fail("length_mismatch", f"ORDER: {len(order_buf)} orders for {len(groups)} series")
+        refuse("length_mismatch", f"ORDER: {len(order_buf)} orders for {len(groups)} series")
     if order_buf and not 1 <= min(order_buf) <= max(order_buf) <= MAX_ORDER:
-        _fail("malformed", f"ORDER: predictor order outside 1..{MAX_ORDER}")
+        refuse("malformed", f"ORDER: predictor order outside 1..{MAX_ORDER}")
     zs = unplanes(delta_buf, total - n_exc)
     kinds, ms, ds = st.kinds, st.ms, st.ds
     out: list[float] = [0.0] * total
-    pow10 = v3._POW10
-    unpack = v3._D.unpack
-    pack = v3._Q.pack
-    in_range = v3._in_range
+    pow10 = POW10
+    unpack = F64_STRUCT.unpack
+    pack = U64_STRUCT.pack
+    fits = in_range
     q = -1
     t = 0
     for (i, ps), o in zip(groups.items(), order_buf, strict=True):
@@ -339,13 +365,13 @@ def _decode_values(
             e = exc.get(q)
             if e is None:
                 if k == KIND_NONE:
-                    _fail("malformed", f"DELTAS: a residual for series {i}, which has no history")
+                    refuse("malformed", f"DELTAS: a residual for series {i}, which has no history")
                 z = zs[t]
                 t += 1
                 r = z >> 1 if not z & 1 else -((z + 1) >> 1)
                 x = m + r + (a if o > 1 else 0) + (b if o > 2 else 0) + (c if o > 3 else 0)
-                if not in_range(k, x):
-                    _fail("malformed", f"DELTAS: series {i} leaves its integer range")
+                if not fits(k, x):
+                    refuse("malformed", f"DELTAS: series {i} leaves its integer range")
                 r1 = x - m
                 r2 = r1 - a
                 m, a, b, c, deep = x, r1, r2, r2 - b if deep else 0, True
@@ -355,6 +381,6 @@ def _decode_values(
                     out[p] = STALE_NAN
                     continue
                 k, m, a, b, c, deep = kk, mm, 0, 0, 0, False
-            out[p] = m / pow10[k] if k <= _MAX_K else unpack(pack(m % _U64))[0]
+            out[p] = m / pow10[k] if k <= MAX_K else unpack(pack(m % U64_SPAN))[0]
         kinds[i], ms[i], ds[i] = k, m, a
     return out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import struct
 from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 Labels = tuple[tuple[str, str], ...]
@@ -51,6 +52,11 @@ class ScrapeBlock:
     def sample_timestamp(self, i: int) -> int:
         return self.timestamp_ms if self.timestamps is None else self.timestamps[i]
 
+    def slice(self, lo: int, hi: int) -> ScrapeBlock:
+        """Samples ``lo:hi`` of this block, with their own timestamps if it has them."""
+        stamps = None if self.timestamps is None else self.timestamps[lo:hi]
+        return ScrapeBlock(self.timestamp_ms, self.series[lo:hi], self.values[lo:hi], stamps)
+
 
 @dataclass(slots=True)
 class Batch:
@@ -64,6 +70,26 @@ class Batch:
     # The identity of the spool file the batch was stored in (0: none given). Seqs count per spool
     # file, so (incarnation, seq) names a batch across a spool that was recreated.
     incarnation: int = 0
+
+    @classmethod
+    def of_blocks(
+        cls, cluster: str, node: str, blocks: Sequence[ScrapeBlock], table: Sequence[Labels]
+    ) -> Batch:
+        """A batch (seq 0) of only ``blocks``, whose series index ``table``, carrying only the label
+        sets they use (renumbered in the order they first appear)."""
+        remap: dict[int, int] = {}
+        labelsets: list[Labels] = []
+        out: list[ScrapeBlock] = []
+        for block in blocks:
+            ids = array("I")
+            for idx in block.series:
+                new = remap.get(idx)
+                if new is None:
+                    new = remap[idx] = len(labelsets)
+                    labelsets.append(table[idx])
+                ids.append(new)
+            out.append(ScrapeBlock(block.timestamp_ms, ids, block.values, block.timestamps))
+        return cls(cluster, node, 0, labelsets, out)
 
     @property
     def sample_count(self) -> int:

@@ -211,29 +211,6 @@ def series_parts(scrapes: Sequence[ShapedScrape], parts: int) -> list[list[Shape
     return [g for g in groups if g]
 
 
-def subset_batch(cluster: str, node: str, blocks: Sequence[ScrapeBlock], table: Sequence[Labels]) -> Batch:
-    """A batch (seq 0) of only ``blocks``, with only the label sets of ``table`` they use."""
-    remap: dict[int, int] = {}
-    labelsets: list[Labels] = []
-    out: list[ScrapeBlock] = []
-    for block in blocks:
-        ids = array("I")
-        for idx in block.series:
-            new = remap.get(idx)
-            if new is None:
-                new = remap[idx] = len(labelsets)
-                labelsets.append(table[idx])
-            ids.append(new)
-        out.append(ScrapeBlock(block.timestamp_ms, ids, block.values, block.timestamps))
-    return Batch(cluster, node, 0, labelsets, out)
-
-
-def slice_block(block: ScrapeBlock, lo: int, hi: int) -> ScrapeBlock:
-    """Samples ``lo:hi`` of ``block``, with their own timestamps if it has them."""
-    stamps = None if block.timestamps is None else block.timestamps[lo:hi]
-    return ScrapeBlock(block.timestamp_ms, block.series[lo:hi], block.values[lo:hi], stamps)
-
-
 class BatchEncoder:
     def __init__(
         self,
@@ -269,16 +246,18 @@ class BatchEncoder:
         self._last_batch, self._last_version, self._last_payload = batch, version, payload
         return payload
 
-    def fit(self, batch: Batch) -> list[Batch]:
+    def fit(self, batch: Batch, *, keep_oversized: bool = False) -> list[Batch]:
         """``batch`` in parts that each encode to at most ``max_bytes``: by scrape blocks, then by the
         samples of one block (a flight recorder block holds ``recorder.block_seconds`` of cycles, larger
-        than a wire batch may be)."""
+        than a wire batch may be). A single sample over ``max_bytes`` raises ``ValueError``, or with
+        ``keep_oversized`` stays a part of its own (what is already in the spool stays sendable)."""
         if len(self.encode(batch, WIDEST_SEQ)) <= self.max_bytes:
             return [batch]
         blocks = batch.scrapes
 
         def fit_part(part: Sequence[ScrapeBlock]) -> list[Batch]:
-            return self.fit(subset_batch(batch.cluster, batch.node, part, batch.labelsets))
+            subset = Batch.of_blocks(batch.cluster, batch.node, part, batch.labelsets)
+            return self.fit(subset, keep_oversized=keep_oversized)
 
         if len(blocks) > 1:
             mid = len(blocks) // 2
@@ -286,8 +265,10 @@ class BatchEncoder:
         block = blocks[0]
         n = len(block.values)
         if n <= 1:
+            if keep_oversized:
+                return [batch]
             raise ValueError(f"a single sample encodes to more than batch.max_bytes={self.max_bytes}")
-        return fit_part([slice_block(block, 0, n // 2)]) + fit_part([slice_block(block, n // 2, n)])
+        return fit_part([block.slice(0, n // 2)]) + fit_part([block.slice(n // 2, n)])
 
     def build_window(self, scrapes: Sequence[ShapedScrape]) -> list[Batch]:
         """One batch for every scrape of a window; a batch over ``max_bytes`` is cut in two by series

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from edge_relay.budget.model import PRESET_COUNTERS, is_counter
-from edge_relay.encode.batches import WIDEST_SEQ, BatchEncoder, slice_block, subset_batch
 from edge_relay.ledger import LossReason, LossRecord
+from edge_relay.store.encoder import Encoder
 from edge_relay.store.spool import InFlight, Order, Replacement, Spool, SpoolRow
 from schemas import codec
 from schemas.model import Batch, Labels, ScrapeBlock, is_stale, metric_name
@@ -116,7 +116,7 @@ class Retention:
     """
 
     def __init__(
-        self, spool: Spool, policy: Policy, *, encoder: BatchEncoder, inflight: InFlight | None = None
+        self, spool: Spool, policy: Policy, *, encoder: Encoder, inflight: InFlight | None = None
     ) -> None:
         self.spool = spool
         self.batches = spool.batches
@@ -223,20 +223,14 @@ class Retention:
         """Blocks as batches under batch.max_bytes (each batch carries only the label sets it uses)."""
         if not blocks:
             return []
-        batch = subset_batch(self.encoder.cluster, self.encoder.node, blocks, table)
-        payload = self.encoder.encode(batch, WIDEST_SEQ)
-        if len(blocks) == 1 and len(payload) > self.encoder.max_bytes and len(blocks[0].values) > 1:
-            block, mid = blocks[0], len(blocks[0].values) // 2
-            halves = [slice_block(block, 0, mid), slice_block(block, mid, len(block.values))]
-            return self._encode(halves[:1], table) + self._encode(halves[1:], table)
-        if len(payload) <= self.encoder.max_bytes or len(blocks) == 1:
-            return [
-                Replacement(
-                    lambda seq, b=batch: self.encoder.encode(b, seq),
-                    batch.first_timestamp_ms,
-                    batch.last_timestamp_ms,
-                    batch.sample_count,
-                )
-            ]
-        mid = len(blocks) // 2
-        return self._encode(blocks[:mid], table) + self._encode(blocks[mid:], table)
+        whole = Batch.of_blocks(self.encoder.cluster, self.encoder.node, blocks, table)
+        # A single sample over the cap stays as it was spooled: it was sendable then.
+        return [
+            Replacement(
+                lambda seq, b=batch: self.encoder.encode(b, seq),
+                batch.first_timestamp_ms,
+                batch.last_timestamp_ms,
+                batch.sample_count,
+            )
+            for batch in self.encoder.fit(whole, keep_oversized=True)
+        ]

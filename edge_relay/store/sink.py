@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from edge_relay.encode.batches import BatchEncoder
 from edge_relay.ledger import LossLedger, LossReason
 from edge_relay.selfmetrics import RelayMetrics
+from edge_relay.store.encoder import Encoder
 from edge_relay.store.recent import RecentBatches
 from edge_relay.store.retention import Retention, describe
 from edge_relay.store.spool import Replacement, Spool, SpoolError, SpoolFullError
@@ -35,7 +35,7 @@ class SpoolSink:
         spool: Spool,
         retention: Retention,
         ledger: LossLedger,
-        encoder: BatchEncoder,
+        encoder: Encoder,
         metrics: RelayMetrics,
         recent: RecentBatches | None = None,
     ) -> None:

@@ -51,7 +51,7 @@ class Isolation:
 
 
 class WriteResult(Protocol):
-    """The part of a write outcome :func:`isolate` needs (``cloud_ingest.write.WriteOutcome``)."""
+    """The part of a write outcome :func:`isolate` needs (the remote-write client's ``WriteOutcome``)."""
 
     @property
     def status(self) -> str: ...

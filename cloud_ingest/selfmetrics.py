@@ -1,7 +1,7 @@
 """The ingester's own metrics (``cloud_ingest_*``), defined once for every stage.
 
 The per-node gauges and counters (``cloud_ingest_node_*{cluster,node}``, ``cloud_ingest_fleet_*``) are
-read from the ``Fleet`` model (``cloud_ingest/fleet.py``) at every scrape, so a node the fleet forgets
+read from the ``Fleet`` model (``cloud_ingest/outcome/fleet.py``) at every scrape, so a node the fleet forgets
 (not heard from for 7 days) leaves the exposition with it; see ``FleetCollector`` for the list.
 """
 
@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cloud_ingest.fleet import VERDICTS, Fleet, NodeKey, NodeView
+from cloud_ingest.outcome.fleet import VERDICTS, Fleet, NodeKey, NodeView
 
 
 class IngestMetrics:

@@ -7,7 +7,7 @@ frames need the node's stream state, which every replica of a share group keeps 
 frame (``cloud_ingest/follow.py``); a frame whose base is not held is acked ``need_state`` (the relay
 re-sends it self-contained), never dead-lettered nor counted as an outcome of the node.
 
-Fleet view (``cloud_ingest/fleet.py``): every replica keeps its own, from the retained status messages
+Fleet view (``cloud_ingest/outcome/fleet.py``): every replica keeps its own, from the retained status messages
 (not shared), the outcomes of the batches it handles, and the application acks of *all* replicas: it
 subscribes to ``<prefix>/v1/+/+/ack`` with QoS 0 (nothing is queued for it), so it knows which seqs
 another replica finished or rejected. Seq gaps are only exported while that view is complete: without
@@ -29,18 +29,18 @@ from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from cloud_ingest import checkconfig
 from cloud_ingest import settings as settings_mod
 from cloud_ingest.ack import Acker
-from cloud_ingest.deadletter import DeadLetterFull, DeadLetterStore
-from cloud_ingest.decode import Decoded, Refused, decode
-from cloud_ingest.fleet import Fleet
+from cloud_ingest.commands import checkconfig
 from cloud_ingest.follow import Follower, StreamState, is_v3, replayable
 from cloud_ingest.isolate import isolate, joined
+from cloud_ingest.outcome.deadletters import DeadLetterFull, DeadLetterStore
+from cloud_ingest.outcome.fleet import Fleet
+from cloud_ingest.pipeline.decode import Decoded, Refused, decode
 from cloud_ingest.selfmetrics import IngestMetrics
 from cloud_ingest.settings import Settings
+from cloud_ingest.sinks.remote_write.client import RemoteWriteClient, WriteOutcome
 from cloud_ingest.subscribe import Admission, Subscriber
-from cloud_ingest.write import RemoteWriteClient, WriteOutcome
 from relay_common.backoff import Backoff
 from relay_common.httpserver import MetricsServer
 from schemas import codec, topics

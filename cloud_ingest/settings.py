@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloud_ingest.write import check_headers
+from cloud_ingest.sinks.remote_write.client import check_headers
 from relay_common import config as config_loader
 from relay_common.config import ConfigError
 from relay_common.mqtt_tls import TLS, tls_from

@@ -347,7 +347,7 @@ def test_cloud_good_config_passes_both_and_creates_nothing(
 
 
 def test_cloud_run_calls_validate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloud_ingest import checkconfig as cloud_checkconfig
+    from cloud_ingest.commands import checkconfig as cloud_checkconfig
 
     def validate(s: Any, **kwargs: Any) -> None:
         raise Started

@@ -30,10 +30,10 @@ from test_ingest import ingesters as ingesters
 from test_ingest import receivers as receivers
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.decode import REQUEST_EXPANSION, Decoded, Refused, decode
+from cloud_ingest.pipeline.decode import REQUEST_EXPANSION, Decoded, Refused, decode
 from cloud_ingest.service import Ingester
+from cloud_ingest.sinks.remote_write.request import build_write_request, request_size_bound
 from cloud_ingest.subscribe import Admission
-from cloud_ingest.write_request import build_write_request, request_size_bound
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
 from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture  # shared fixture, explicit re-export

@@ -1,7 +1,7 @@
 """Hostile input at the ingester level (issue 5): what any MQTT client may put on a batch topic.
 
-The ingester calls ``cloud_ingest.decode.decode(topic, payload, ...)`` once per MQTT message. Whatever
-the bytes, that call must either return a batch the rest of the pipeline can trust, or raise
+The ingester calls ``cloud_ingest.pipeline.decode.decode(topic, payload, ...)`` once per MQTT message.
+Whatever the bytes, that call must either return a batch the rest of the pipeline can trust, or raise
 ``Refused`` with a reason slug from ``codec.REASONS`` or one of the ingester's own
 (``INGESTER_REASONS``: the topic, the node named in the payload, the clock) -- never another exception,
 never unbounded memory, never a hang.
@@ -55,8 +55,8 @@ from test_ingest import ingesters as ingesters
 from test_ingest import receivers as receivers
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.deadletter import REFUSED_KEPT_PER_NODE_REASON, DeadLetterStore
-from cloud_ingest.decode import Decoded, Refused, decode, pin_identity
+from cloud_ingest.outcome.deadletters import REFUSED_KEPT_PER_NODE_REASON, DeadLetterStore
+from cloud_ingest.pipeline.decode import Decoded, Refused, decode, pin_identity
 from cloud_ingest.service import Ingester
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
@@ -70,8 +70,8 @@ TOPIC = topics.batch_topic(PREFIX, CLUSTER, NODE)
 NOW_MS = 1_700_000_000_000
 MAX_FUTURE_S = 600.0
 
-# Refusals the ingester adds to the codec's (cloud_ingest/decode.py): a topic that is not a batch topic
-# of ours, a payload naming another node/cluster than its topic, samples beyond max_future_seconds.
+# Refusals the ingester adds to the codec's (cloud_ingest/pipeline/decode.py): a topic that is not a batch
+# topic of ours, a payload naming another node/cluster than its topic, samples beyond max_future_seconds.
 INGESTER_REASONS = frozenset({"bad_topic", "node_mismatch", "future_timestamp"})
 ALL_REASONS = codec.REASONS | INGESTER_REASONS
 

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from cloud_ingest.isolate import split_future
-from cloud_ingest.write_request import LabelBytes, request_size_bound
+from cloud_ingest.sinks.remote_write.request import LabelBytes, request_size_bound
 from schemas import codec, topics
 from schemas.model import Batch, Labels
 

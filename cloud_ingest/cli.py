@@ -7,7 +7,7 @@ import sys
 from relay_common import cli
 
 COMMANDS: cli.Commands = {
-    "run": ("cloud_ingest.service", "receive batches over MQTT and write them with Prometheus remote-write"),
+    "run": ("cloud_ingest.app", "receive batches over MQTT and write them with Prometheus remote-write"),
     "dead-letters": (
         "cloud_ingest.commands.deadletters",
         "list the batches that could not be written, with reasons",

@@ -41,7 +41,7 @@ class Settings:
     receive_maximum: int
     reconnect_min_seconds: float
     reconnect_max_seconds: float
-    follow: bool  # mqtt.follow: with a share group, follow every node's v3 frames (cloud_ingest/follow.py)
+    follow: bool  # mqtt.follow: with a share group, follow every node's v3 frames (intake/mqtt/follow.py)
     stream_max_nodes: int
     stream_keep_states: int
     state_wait_seconds: float

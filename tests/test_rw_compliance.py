@@ -48,7 +48,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.service import Ingester
+from cloud_ingest.app import Ingester
 from cloud_ingest.sinks.remote_write.client import DEFAULT_USER_AGENT, RemoteWriteClient, WriteOutcome
 from cloud_ingest.sinks.remote_write.request import build_write_request, encode_body
 from relay_common.backoff import Backoff

@@ -2,8 +2,9 @@
 -> HTTP POST, with retries.
 
 Works against Prometheus (``--web.enable-remote-write-receiver``), VictoriaMetrics and Mimir.
-The outcome drives the MQTT ack: only ``written`` and ``rejected`` are acked; ``retry_later`` is not,
-so the edge keeps the batch in its spool and re-publishes it.
+The outcome decides what the edge is told: only ``written`` and ``rejected`` are answered (``sink.py``
+narrows a rejection down to samples first); ``retry_later`` is not, so the edge keeps the batch in its
+spool and re-publishes it.
 
 Re-sending a batch that was already written changes nothing stored, but the answer depends on the
 receiver: VictoriaMetrics accepts it; Prometheus 2.x (no out-of-order window) answers 400 "out of order

@@ -55,6 +55,9 @@ def replayable(payload: bytes, batch: Batch | None, limits: Limits) -> bytes | N
 
 
 class Finisher:
+    """The finish stage. Thread-safe: workers finish batches of different nodes at once (the store and
+    the fleet view lock for themselves)."""
+
     def __init__(
         self, dead_letters: DeadLetterStore, fleet: Fleet, metrics: IngestMetrics, limits: Limits
     ) -> None:

@@ -15,7 +15,7 @@ import argparse
 import time
 from collections.abc import Callable
 
-from cloud_ingest.write import encode_body
+from cloud_ingest.sinks.remote_write.request import encode_body
 from edge_relay.collect.parse import SeriesCache, parse
 from edge_relay.collect.shape import TargetShaper
 from edge_relay.encode.batches import BatchEncoder

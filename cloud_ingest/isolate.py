@@ -1,12 +1,15 @@
 """Keep one bad sample from costing its batch: split off what cannot be written, write the rest.
 
-Two places refuse samples. The ingester itself refuses a timestamp beyond ``max_future_seconds``;
-there the bad samples are known, and :func:`split_future` takes them out before anything is written.
-The remote-write receiver refuses a whole request for one sample: Prometheus answers 400 when one
+Two places refuse samples, so this module sits beside both stages rather than in one. The ingester
+itself refuses a timestamp beyond ``max_future_seconds``; there the bad samples are known, and the
+decode stage takes them out with :func:`split_future` before anything is written. The remote-write
+receiver refuses a whole request for one sample: Prometheus answers 400 when one
 sample is out of bounds (older than its head or out-of-order window) or a duplicate timestamp with
 another value, and rolls the rest of the request back. There the bad samples are not named, so
-:func:`isolate` bisects the batch, by series first and then by the samples of one series, writing each
-half, until the refused samples are found; each half the receiver takes is written for good.
+:func:`isolate` (called by the remote-write sink) bisects the batch, by series first and then by the
+samples of one series, writing each half, until the refused samples are found; each half the receiver
+takes is written for good. :func:`joined` puts the two kinds of refused part of one batch together, as
+one dead letter.
 
 The number of writes is bounded (``max_writes``): what is still unresolved then is refused whole
 (dead-lettered, replayable), so a batch of nothing but bad samples (a 6 h old backlog against a
@@ -51,7 +54,7 @@ class Isolation:
 
 
 class WriteResult(Protocol):
-    """The part of a write outcome :func:`isolate` needs (``cloud_ingest.write.WriteOutcome``)."""
+    """The part of a write outcome :func:`isolate` needs (the remote-write client's ``WriteOutcome``)."""
 
     @property
     def status(self) -> str: ...

@@ -1,20 +1,22 @@
 """The ingester's own metrics (``cloud_ingest_*``), defined once for every stage.
 
 The per-node gauges and counters (``cloud_ingest_node_*{cluster,node}``, ``cloud_ingest_fleet_*``) are
-read from the ``Fleet`` model (``cloud_ingest/fleet.py``) at every scrape, so a node the fleet forgets
+read from the ``Fleet`` model (``cloud_ingest/outcome/fleet.py``) at every scrape, so a node the fleet forgets
 (not heard from for 7 days) leaves the exposition with it; see ``FleetCollector`` for the list.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from cloud_ingest.fleet import VERDICTS, Fleet, NodeKey, NodeView
+from cloud_ingest.outcome.fleet import VERDICTS, Fleet, NodeKey, NodeView
+from schemas.model import Batch
 
 
 class IngestMetrics:
@@ -121,7 +123,7 @@ class IngestMetrics:
             ["node"],
             registry=r,
         )
-        # Wire format v3 (live mode): cloud_ingest/follow.py.
+        # Wire format v3 (live mode): pipeline/stream_state.py, intake/mqtt/follow.py.
         self.need_state = Counter(
             "cloud_ingest_need_state_total",
             "v3 frames acked need_state: this replica does not hold the state they were coded against "
@@ -150,6 +152,14 @@ class IngestMetrics:
         self.fleet_collector = FleetCollector(self.fleet)
         r.register(self.fleet_collector)
         self.fleet.on_forget(self._forget)
+
+    def observe_batch_age(self, stage: str, batch: Batch) -> None:
+        """``cloud_ingest_batch_age_seconds{stage}``: how old the batch's newest sample is now."""
+        self.batch_age.labels(stage).observe(max(0.0, time.time() - batch.last_timestamp_ms / 1000))
+
+    def config_error(self, status: int) -> None:
+        """A receiver's answer that says its address, credentials or limits are wrong."""
+        self.config_errors.labels(str(status)).inc()
 
     def _forget(self, keys: list[NodeKey]) -> None:
         """Drop the ``{node}``-only series of forgotten nodes (unless a node of that name remains)."""

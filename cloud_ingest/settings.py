@@ -9,7 +9,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from cloud_ingest.write import check_headers
+from cloud_ingest.sinks.remote_write.client import check_headers
 from relay_common import config as config_loader
 from relay_common.config import ConfigError
 from relay_common.mqtt_tls import TLS, tls_from
@@ -41,7 +41,7 @@ class Settings:
     receive_maximum: int
     reconnect_min_seconds: float
     reconnect_max_seconds: float
-    follow: bool  # mqtt.follow: with a share group, follow every node's v3 frames (cloud_ingest/follow.py)
+    follow: bool  # mqtt.follow: with a share group, follow every node's v3 frames (intake/mqtt/follow.py)
     stream_max_nodes: int
     stream_keep_states: int
     state_wait_seconds: float

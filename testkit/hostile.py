@@ -361,7 +361,7 @@ def spool_waiting(relay_cfg: Path) -> tuple[int, int]:
 def dead_letters_by_job(path: Path) -> tuple[Counter[tuple[str, str]], Counter[str]]:
     """(samples by (job, metric name), letters by reason) in a dead-letter store; a letter with several
     reasons counts once for each; a reason is its slug (``future_timestamp``) or ``HTTP <code>: <text>``."""
-    from cloud_ingest.deadletter import DeadLetterStore
+    from cloud_ingest.outcome.deadletters import DeadLetterStore
     from schemas import codec
     from schemas.model import metric_name
 

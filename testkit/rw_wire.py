@@ -1,7 +1,7 @@
 """A reader of the remote-write wire format, written from the specs: the protobuf wire format and the
-snappy *block* format, independent of ``cloud_ingest.write``, of cramjam and of any protobuf runtime
-(value bits straight off the wire: no protobuf runtime can canonicalise a NaN or drop the sign of -0 on
-the way).  Used by the remote-write tests and by ``bench/ingest_load_bench.py``.
+snappy *block* format, independent of ``cloud_ingest.sinks.remote_write``, of cramjam and of any
+protobuf runtime (value bits straight off the wire: no protobuf runtime can canonicalise a NaN or drop the
+sign of -0 on the way).  Used by the remote-write tests and by ``bench/ingest_load_bench.py``.
 """
 
 from __future__ import annotations

@@ -386,7 +386,7 @@ def test_status_fields_are_flat_and_decodable() -> None:
 
 
 def test_fleet_shows_anomalies_per_node() -> None:
-    from cloud_ingest.fleet import Fleet
+    from cloud_ingest.outcome.fleet import Fleet
 
     fleet = Fleet()
     now_ms = int(time.time() * 1000)

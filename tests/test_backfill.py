@@ -638,7 +638,7 @@ def test_backfill_returns_the_raw_samples_of_a_range_into_prometheus(
 def test_the_command_line_reads_times_and_prints_the_result() -> None:
     import argparse
 
-    from cloud_ingest.backfill_cmd import describe, parse_time
+    from cloud_ingest.commands.backfill import describe, parse_time
 
     assert parse_time("1764590400") == NOW
     assert parse_time("1764590400.25") == NOW + 250

@@ -22,8 +22,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from cloud_ingest import app as service
 from cloud_ingest import cli as cloud_cli
-from cloud_ingest import service
 from edge_relay import app as relay
 from edge_relay import cli as edge_cli
 from edge_relay.commands import checkconfig as edge_checkconfig
@@ -347,7 +347,7 @@ def test_cloud_good_config_passes_both_and_creates_nothing(
 
 
 def test_cloud_run_calls_validate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from cloud_ingest import checkconfig as cloud_checkconfig
+    from cloud_ingest.commands import checkconfig as cloud_checkconfig
 
     def validate(s: Any, **kwargs: Any) -> None:
         raise Started

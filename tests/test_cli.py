@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cloud_ingest.deadletter import DeadLetterStore
+from cloud_ingest.outcome.deadletters import DeadLetterStore
 
 ROOT = Path(__file__).resolve().parent.parent
 EDGE_EXAMPLE = ROOT / "deploy" / "examples" / "edge-relay.yaml"
@@ -212,7 +212,7 @@ def test_cloud_ingest_dead_letters_lists(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# cloud_ingest/deadletter.py
+# cloud_ingest/outcome/deadletters.py
 
 
 def test_dead_letter_round_trip(tmp_path: Path) -> None:

@@ -32,9 +32,9 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.deadletter import DeadLetterFull, DeadLetterStore
-from cloud_ingest.service import Ingester
-from cloud_ingest.write import RemoteWriteClient
+from cloud_ingest.app import Ingester
+from cloud_ingest.outcome.deadletters import DeadLetterFull, DeadLetterStore
+from cloud_ingest.sinks.remote_write.client import RemoteWriteClient
 from edge_relay.ledger import LossLedger, LossReason
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT

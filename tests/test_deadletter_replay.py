@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from cloud_ingest.deadletter import DeadLetterStore
+from cloud_ingest.outcome.deadletters import DeadLetterStore
 from schemas import codec, topics
 from schemas.model import Batch, ScrapeBlock
 from testkit.services import Prometheus

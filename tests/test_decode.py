@@ -1,4 +1,4 @@
-"""Tests of cloud_ingest/decode.py: topic checks, codec refusals, node spoofing and clock skew."""
+"""Tests of cloud_ingest/pipeline/decode.py: topic checks, codec refusals, node spoofing and clock skew."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from array import array
 import msgpack
 import pytest
 
-from cloud_ingest.decode import Decoded, Refused, decode, pin_identity
+from cloud_ingest.pipeline.decode import Decoded, Refused, decode, pin_identity
 from schemas import codec, topics
 from schemas.model import STALE_NAN, Batch, ScrapeBlock, float_bits
 

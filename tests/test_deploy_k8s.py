@@ -36,7 +36,7 @@ import yaml
 
 from cloud_ingest import settings as ingest_settings
 from cloud_ingest.selfmetrics import IngestMetrics
-from cloud_ingest.write import RemoteWriteClient
+from cloud_ingest.sinks.remote_write.client import RemoteWriteClient
 from edge_relay import budget as relay_budget
 from edge_relay import settings as relay_settings
 from relay_common.config import load_schema

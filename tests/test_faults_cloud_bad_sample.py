@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from cloud_ingest.deadletter import DeadLetterStore
+from cloud_ingest.outcome.deadletters import DeadLetterStore
 from schemas import codec
 from schemas.model import metric_name
 from testkit.exporters import ScriptedExporter

@@ -19,12 +19,12 @@ import paho.mqtt.client as mqtt
 import pytest
 import requests
 
-from cloud_ingest import fleet as fleet_mod
-from cloud_ingest import fleet_cmd
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.fleet import Fleet, NodeView, SeqTracker
+from cloud_ingest.app import Ingester
+from cloud_ingest.commands import fleet as fleet_cmd
+from cloud_ingest.outcome import fleet as fleet_mod
+from cloud_ingest.outcome.fleet import Fleet, NodeView, SeqTracker
 from cloud_ingest.selfmetrics import IngestMetrics
-from cloud_ingest.service import Ingester
 from relay_common.httpserver import MetricsServer
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock

@@ -1,4 +1,5 @@
-"""Live mode on the ingester (issue 13): stream state, following, ``need_state`` (cloud_ingest/follow.py).
+"""Live mode on the ingester (issue 13): stream state, following, ``need_state``
+(cloud_ingest/pipeline/stream_state.py, cloud_ingest/intake/mqtt/follow.py).
 
 Unit tests of ``StreamState`` / ``Follower`` (LRU, keep, the decode cache, the wait for the follow path,
 hostile frames; a hypothesis model of the two deliveries interleaved), then integration tests on a real
@@ -34,10 +35,13 @@ from test_ingest import (
 )
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.follow import Follower, StreamState, is_v3, replayable
+from cloud_ingest.app import Ingester
+from cloud_ingest.intake.mqtt.follow import Follower
+from cloud_ingest.intake.mqtt.session import MqttSession
+from cloud_ingest.intake.mqtt.subscriber import FOLLOW_ID, SHARED_ID, Subscriber
+from cloud_ingest.pipeline.finish import replayable
+from cloud_ingest.pipeline.stream_state import StreamState, is_v3
 from cloud_ingest.selfmetrics import IngestMetrics
-from cloud_ingest.service import Ingester
-from cloud_ingest.subscribe import FOLLOW_ID, SHARED_ID, Subscriber
 from schemas import codec, topics
 from schemas.codec import AckResult, DecodeError, StreamEncoder
 from schemas.codec.stream import frame_ids
@@ -400,23 +404,45 @@ def test_follower_decodes_in_order_and_drops_when_full() -> None:
 # -- Subscriber: telling the deliveries apart ---------------------------------------------------------
 
 
+class _Recorder:
+    """Stands for every part the subscriber routes to; notes what each was handed in ``got``."""
+
+    def __init__(self, got: list[tuple[str, Any]]) -> None:
+        self.got = got
+
+    def offer(self, m: Any) -> None:
+        self.got.append(("batch", m))
+
+    def status(self, m: Any) -> None:
+        self.got.append(("status", m))
+
+    def submit(self, m: Any) -> None:
+        self.got.append(("follow", m))
+
+    def following(self, on: bool) -> None:
+        self.got.append(("following", on))
+
+
 def _subscriber(group: str | None, follow: bool, got: list[tuple[str, Any]]) -> Subscriber:
-    return Subscriber(
+    session = MqttSession(
         host="127.0.0.1",
         port=1,
         client_id="t",
-        prefix=PREFIX,
-        share_group=group,
         keepalive_seconds=5,
         session_expiry_seconds=0,
         receive_maximum=4,
         reconnect_min_seconds=1,
         reconnect_max_seconds=1,
-        on_batch=lambda m: got.append(("batch", m)),
-        on_status=lambda m: got.append(("status", m)),
+    )
+    parts: Any = _Recorder(got)
+    return Subscriber(
+        session,
+        prefix=PREFIX,
+        share_group=group,
+        batches=parts,
+        statuses=parts,
         follow=follow,
-        on_follow=lambda m: got.append(("follow", m)),
-        on_following=lambda on: got.append(("following", on)),
+        follower=parts,
     )
 
 

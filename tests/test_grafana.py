@@ -26,7 +26,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from cloud_ingest.selfmetrics import IngestMetrics
-from cloud_ingest.write import build_write_request
+from cloud_ingest.sinks.remote_write.request import build_write_request
 from edge_relay.collect.parse import parse
 from edge_relay.selfmetrics import RelayMetrics
 from schemas.model import Batch, Labels, ScrapeBlock

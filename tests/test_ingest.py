@@ -45,8 +45,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.deadletter import DeadLetter
-from cloud_ingest.service import Ingester
+from cloud_ingest.app import Ingester
+from cloud_ingest.outcome.deadletters import DeadLetter
 from schemas import codec, remote_write_pb, topics
 from schemas.codec import AckResult
 from schemas.model import Batch, Labels, ScrapeBlock

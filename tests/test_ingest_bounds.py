@@ -8,7 +8,8 @@ over ``REQUEST_EXPANSION`` x the decompression limit, before anything is built, 
 
 Item 15: QoS 0 batches have no flow control at all, so a flood of them queued without bound; they are
 refused and counted now. QoS 1 batches held in memory are capped at the Receive Maximum the ingester
-announces, whatever the broker does (``cloud_ingest.subscribe.Admission``). Real mosquitto for both.
+announces, whatever the broker does (``cloud_ingest.intake.mqtt.admission.Admission``). Real mosquitto
+for both.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from test_ingest import ingesters as ingesters
 from test_ingest import receivers as receivers
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.decode import REQUEST_EXPANSION, Decoded, Refused, decode
-from cloud_ingest.service import Ingester
-from cloud_ingest.subscribe import Admission
-from cloud_ingest.write_request import build_write_request, request_size_bound
+from cloud_ingest.app import Ingester
+from cloud_ingest.intake.mqtt.admission import Admission
+from cloud_ingest.pipeline.decode import REQUEST_EXPANSION, Decoded, Refused, decode
+from cloud_ingest.sinks.remote_write.request import build_write_request, request_size_bound
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
 from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture  # shared fixture, explicit re-export
@@ -107,12 +108,12 @@ def test_the_service_dead_letters_and_rejects_such_a_batch(tmp_path: Path) -> No
     )
     ingester = Ingester(settings_mod.load(str(config)))  # not started: handle() is what a worker runs
     published: list[tuple[str, bytes]] = []
-    ingester.subscriber.publish = lambda topic, payload, *, qos=1: published.append((topic, payload))  # type: ignore[method-assign]
+    ingester.session.publish = lambda topic, payload, *, qos=1: published.append((topic, payload))  # type: ignore[method-assign]
     try:
         message = mqtt.MQTTMessage(mid=1, topic=TOPIC.encode())
         message.qos = 1
         message.payload = codec.encode_batch(shared_values_batch(50_000, seq=3))
-        outcome, peak = traced_peak(lambda: ingester.handle(message))
+        outcome, peak = traced_peak(lambda: ingester.batches.handle(message))
         assert outcome == "refused"
         assert peak < 64 * MiB, f"handling cost {peak / MiB:.1f} MiB"
         assert sample(ingester, "cloud_ingest_batches_refused_total", reason="expansion_limit") == 1

@@ -1,7 +1,7 @@
 """Hostile input at the ingester level (issue 5): what any MQTT client may put on a batch topic.
 
-The ingester calls ``cloud_ingest.decode.decode(topic, payload, ...)`` once per MQTT message. Whatever
-the bytes, that call must either return a batch the rest of the pipeline can trust, or raise
+The ingester calls ``cloud_ingest.pipeline.decode.decode(topic, payload, ...)`` once per MQTT message.
+Whatever the bytes, that call must either return a batch the rest of the pipeline can trust, or raise
 ``Refused`` with a reason slug from ``codec.REASONS`` or one of the ingester's own
 (``INGESTER_REASONS``: the topic, the node named in the payload, the clock) -- never another exception,
 never unbounded memory, never a hang.
@@ -55,9 +55,9 @@ from test_ingest import ingesters as ingesters
 from test_ingest import receivers as receivers
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.deadletter import REFUSED_KEPT_PER_NODE_REASON, DeadLetterStore
-from cloud_ingest.decode import Decoded, Refused, decode, pin_identity
-from cloud_ingest.service import Ingester
+from cloud_ingest.app import Ingester
+from cloud_ingest.outcome.deadletters import REFUSED_KEPT_PER_NODE_REASON, DeadLetterStore
+from cloud_ingest.pipeline.decode import Decoded, Refused, decode, pin_identity
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
 from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture  # shared fixture, explicit re-export
@@ -70,8 +70,8 @@ TOPIC = topics.batch_topic(PREFIX, CLUSTER, NODE)
 NOW_MS = 1_700_000_000_000
 MAX_FUTURE_S = 600.0
 
-# Refusals the ingester adds to the codec's (cloud_ingest/decode.py): a topic that is not a batch topic
-# of ours, a payload naming another node/cluster than its topic, samples beyond max_future_seconds.
+# Refusals the ingester adds to the codec's (cloud_ingest/pipeline/decode.py): a topic that is not a batch
+# topic of ours, a payload naming another node/cluster than its topic, samples beyond max_future_seconds.
 INGESTER_REASONS = frozenset({"bad_topic", "node_mismatch", "future_timestamp"})
 ALL_REASONS = codec.REASONS | INGESTER_REASONS
 
@@ -1049,7 +1049,7 @@ def test_a_flooding_node_cannot_grow_the_dead_letter_store_without_bound(tmp_pat
             message = mqtt.MQTTMessage(mid=mid, topic=topics.batch_topic(PREFIX, CLUSTER, "flooder").encode())
             message.qos = 1
             message.payload = rng.randbytes(64 << 10)
-            assert ingester.handle(message) == "refused"
+            assert ingester.batches.handle(message) == "refused"
         assert sample(ingester, "cloud_ingest_batches_refused_total", reason="bad_magic") == flood
         kept = ingester.dead_letters.list(limit=10 * flood)
         assert len(kept) == REFUSED_KEPT_PER_NODE_REASON, f"{len(kept)} dead letters kept"
@@ -1094,17 +1094,19 @@ def test_batches_all_in_the_future_are_kept_every_one_and_held_when_the_store_is
 
     acked: list[int] = []
     released: list[int] = []
-    ingester.acker.ack = lambda msg, **kw: acked.append(kw["seq"])  # type: ignore[method-assign]
+    ingester.acker.ack = lambda msg, answer: acked.append(answer.seq)  # type: ignore[method-assign]
     ingester.acker.release = lambda msg: released.append(msg.mid)  # type: ignore[method-assign]
     try:
         many = 2 * REFUSED_KEPT_PER_NODE_REASON + 5
-        assert [ingester.handle(message(seq)) for seq in range(1, many + 1)] == ["refused"] * many
+        assert [ingester.batches.handle(message(seq)) for seq in range(1, many + 1)] == ["refused"] * many
         kept = ingester.dead_letters.list(limit=10 * many)
         assert sorted(d.seq for d in kept) == list(range(1, many + 1))
         assert all(d.reason.startswith("future_timestamp: ") for d in kept)
         assert acked == list(range(1, many + 1)) and released == []
         # The store full (incompressible labels fill it): held, not acked.
-        outcomes = [ingester.handle(message(seq, blob_bytes=1000)) for seq in range(many + 1, many + 80)]
+        outcomes = [
+            ingester.batches.handle(message(seq, blob_bytes=1000)) for seq in range(many + 1, many + 80)
+        ]
         assert "dead_letter_full" in outcomes
         full = [many + 1 + i for i, o in enumerate(outcomes) if o == "dead_letter_full"]
         assert released == full and not set(full) & set(acked)

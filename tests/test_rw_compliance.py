@@ -48,14 +48,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.service import Ingester
-from cloud_ingest.write import (
-    DEFAULT_USER_AGENT,
-    RemoteWriteClient,
-    WriteOutcome,
-    build_write_request,
-    encode_body,
-)
+from cloud_ingest.app import Ingester
+from cloud_ingest.sinks.remote_write.client import DEFAULT_USER_AGENT, RemoteWriteClient, WriteOutcome
+from cloud_ingest.sinks.remote_write.request import build_write_request, encode_body
 from relay_common.backoff import Backoff
 from schemas import codec
 from schemas import remote_write_pb as pb

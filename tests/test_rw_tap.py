@@ -6,7 +6,7 @@ from array import array
 
 import pytest
 
-from cloud_ingest.write import RemoteWriteClient
+from cloud_ingest.sinks.remote_write.client import RemoteWriteClient
 from schemas.model import Batch, ScrapeBlock
 from testkit.rw_mock import MockReceiver, Reply
 from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture

@@ -10,7 +10,7 @@ records every body it forwards: that is how the test knows which replica wrote w
 victim's proxy answers 503, so the victim is stuck in the middle of its batches (decoded, not written,
 not acknowledged), and the victim is SIGKILLed. After a few seconds it is started again with the same
 client id, which is what makes mosquitto 2.0.11 hand it the messages left in its session (see
-``cloud_ingest/ack.py``).
+``cloud_ingest/intake/mqtt/acker.py``).
 
 The relays' ack timeout is longer than the whole run, so no relay publishes a batch twice (checked:
 ``edge_relay_batches_published_total{kind="retry"}`` stays 0): what the killed replica had in hand can

@@ -26,11 +26,9 @@ from google.protobuf.internal import api_implementation
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cloud_ingest.write import (
-    DEFAULT_USER_AGENT,
+from cloud_ingest.sinks.remote_write.client import DEFAULT_USER_AGENT, RemoteWriteClient, WriteOutcome
+from cloud_ingest.sinks.remote_write.request import (
     LabelBytes,
-    RemoteWriteClient,
-    WriteOutcome,
     build_write_request,
     encode_body,
     request_size_bound,

@@ -27,8 +27,8 @@ from test_write import (
 )
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.service import Ingester
-from cloud_ingest.write import PROTOCOL_HEADERS, RemoteWriteClient, check_headers
+from cloud_ingest.app import Ingester
+from cloud_ingest.sinks.remote_write.client import PROTOCOL_HEADERS, RemoteWriteClient, check_headers
 from relay_common.config import ConfigError
 from testkit.rw_mock import FakeTime, MockReceiver, Reply
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from array import array
 
-from cloud_ingest.write import RemoteWriteClient
+from cloud_ingest.sinks.remote_write.client import RemoteWriteClient
 from relay_common.backoff import Backoff
 from schemas.model import Batch, ScrapeBlock
 from testkit.services import Prometheus

@@ -1,5 +1,5 @@
 """The remote-write 1.0 request of a batch: a hand-encoded ``prometheus.WriteRequest``, snappy block
-format (``cloud_ingest/write.py`` POSTs it).
+format (``cloud_ingest/sinks/remote_write/client.py`` POSTs it).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def request_size_bound(
 
     A batch names each label string once (v2: once per batch, in a dictionary), the request once per
     series, so a small batch can stand for a huge request; the ingester refuses one whose bound is over
-    its limit before building it (``cloud_ingest.decode``). With a ``cap``, the first of three bounds
+    its limit before building it (``cloud_ingest.pipeline.decode``). With a ``cap``, the first of three bounds
     that is within it is returned, each dearer and tighter than the one before: every pair at
     ``max_pair_bytes`` (the codec's name + value limits; one step per series), every label character
     at 4 bytes (the most UTF-8 takes; one step per string, ~20 ns), and the exact labels (every

@@ -24,7 +24,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.subscribe import tool_client, tool_connect
+from cloud_ingest.commands.broker import tool_client, tool_connect
 from schemas import topics
 from schemas.codec import DecodeError, EncodeError
 from schemas.codec.command import BackfillRequest, CommandResult, decode_result, encode_request

@@ -26,8 +26,8 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from cloud_ingest import settings as settings_mod
-from cloud_ingest.fleet import VERDICTS, Fleet, NodeKey, NodeView
-from cloud_ingest.subscribe import tool_client, tool_connect
+from cloud_ingest.commands.broker import tool_client, tool_connect
+from cloud_ingest.outcome.fleet import VERDICTS, Fleet, NodeKey, NodeView
 from schemas import codec, topics
 
 COLUMNS = (

@@ -1,16 +1,16 @@
-"""Stage 2 (cloud): turn an untrusted MQTT message into a validated batch, or refuse it with a reason.
+"""The decode stage: turn an untrusted batch message into a validated batch, or refuse it with a reason.
 
 Everything in a payload is hostile until checked: the codec enforces sizes, decompression limits
 and label rules; this stage adds what only the cloud knows (the topic the message came on, the clock),
 and makes every series carry the topic's cluster and node (``pin_identity``), so no node can write
-another node's series. It also refuses a batch whose remote-write request would be far larger than the
-batch itself (``expansion_limit``), before the write stage builds it.
+another node's series. It also refuses a batch whose request at the sink would be far larger than the
+batch itself (``expansion_limit``: measured by the sink's ``request_bound``), before the sink builds it.
 
-Payloads are decoded by ``decoder`` (the service passes ``StreamState.decode`` of ``cloud_ingest/follow.py``,
-which decodes v1/v2 as before and v3 frames against the node's stream state); a v3 delta frame whose
-base state is not held is refused with reason ``need_state``, which the service acks as such and never
-dead-letters. A refusal made after decoding carries the decoded ``batch``, so a v3 frame is
-dead-lettered as a batch a replay can decode.
+Payloads are decoded by ``decoder`` (the pipeline passes ``StreamState.decode``, which decodes v1/v2 as
+before and v3 frames against the node's stream state); a v3 delta frame whose base state is not held
+is refused with reason ``need_state``, which the pipeline acks as such and never dead-letters. A
+refusal made after decoding carries the decoded ``batch``, so a v3 frame is dead-lettered as a batch a
+replay can decode.
 """
 
 from __future__ import annotations
@@ -18,20 +18,27 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from cloud_ingest.isolate import split_future
-from cloud_ingest.write_request import LabelBytes, request_size_bound
+from cloud_ingest.sinks.remote_write.request import request_size_bound
 from schemas import codec, topics
 from schemas.model import Batch, Labels
 
-# How much larger than the decompression limit the remote-write request of a batch may be. The request
-# repeats every label string in every series that carries it; wire format v1 does too (each label set
-# whole), so a v1 body expands to about its own size plus ~10 bytes a sample, never 2x. Format v2 names
+# How much larger than the decompression limit the request of a batch may be at the sink. A remote-write
+# request repeats every label string in every series that carries it; wire format v1 does too (each label
+# set whole), so a v1 body expands to about its own size plus ~10 bytes a sample, never 2x. Format v2 names
 # each string once per batch: 50,000 series sharing four 4,000-byte values are a legal 52 KB v2 batch
 # and an 800 MB request (1.5 GiB to build before the pair cache was shared; container limit 1 GiB, and
 # the unacked message comes back: a crash loop). 4x lets through anything a v1 batch within the limits
 # could carry and refuses such batches before anything is built: 128 MiB at the default 32 MiB limit.
 REQUEST_EXPANSION = 4
+
+
+class RequestBound(Protocol):
+    """``Sink.request_bound``: an upper bound of the bytes a batch becomes at the sink."""
+
+    def __call__(self, batch: Batch, cap: int, *, max_pair_bytes: int) -> int: ...
 
 
 class Refused(Exception):
@@ -79,11 +86,11 @@ def decode(
     now_ms: int | None = None,
     max_request_bytes: int | None = None,
     decoder: Callable[[bytes], Batch] | None = None,
-    labels_cache: LabelBytes | None = None,
+    request_bound: RequestBound = request_size_bound,
 ) -> Decoded:
-    """The batch of one message, or :class:`Refused`. ``max_request_bytes`` caps the remote-write
-    request it may become (default ``REQUEST_EXPANSION`` x ``limits.max_decompressed_bytes``), measured
-    with the writer's ``labels_cache`` when given (``request_size_bound``)."""
+    """The batch of one message, or :class:`Refused`. ``max_request_bytes`` caps the request it may
+    become at the sink (default ``REQUEST_EXPANSION`` x ``limits.max_decompressed_bytes``), measured by
+    ``request_bound`` (default: a remote-write 1.0 request's, ``request_size_bound``)."""
     try:
         cluster, node, kind = topics.parse_topic(prefix, topic)
     except ValueError as e:
@@ -144,11 +151,8 @@ def decode(
     cap = max_request_bytes
     if cap is None:
         cap = REQUEST_EXPANSION * limits.max_decompressed_bytes
-    size = request_size_bound(
-        batch,
-        cap,
-        max_pair_bytes=limits.max_label_name_bytes + limits.max_label_value_bytes,
-        labels_cache=labels_cache,
+    size = request_bound(
+        batch, cap, max_pair_bytes=limits.max_label_name_bytes + limits.max_label_value_bytes
     )
     if size > cap:
         raise Refused(

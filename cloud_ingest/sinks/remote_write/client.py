@@ -1,9 +1,10 @@
-"""Prometheus remote-write 1.0 output: batch -> protobuf -> snappy (``cloud_ingest/write_request.py``)
+"""Prometheus remote-write 1.0 output: batch -> protobuf -> snappy (``request.py`` beside this module)
 -> HTTP POST, with retries.
 
 Works against Prometheus (``--web.enable-remote-write-receiver``), VictoriaMetrics and Mimir.
-The outcome drives the MQTT ack: only ``written`` and ``rejected`` are acked; ``retry_later`` is not,
-so the edge keeps the batch in its spool and re-publishes it.
+The outcome decides what the edge is told: only ``written`` and ``rejected`` are answered (``sink.py``
+narrows a rejection down to samples first); ``retry_later`` is not, so the edge keeps the batch in its
+spool and re-publishes it.
 
 Re-sending a batch that was already written changes nothing stored, but the answer depends on the
 receiver: VictoriaMetrics accepts it; Prometheus 2.x (no out-of-order window) answers 400 "out of order
@@ -28,30 +29,19 @@ import requests
 import requests.adapters
 import urllib3.exceptions
 
-from cloud_ingest.answers import PERMANENT_5XX_MARKERS, RETRY_4XX, RETRY_AFTER_STATUSES, refuses_samples
-from cloud_ingest.write_request import (
-    LABEL_CACHE_BYTES,
-    LabelBytes,
-    build_write_request,
-    encode_body,
-    request_size_bound,
+from cloud_ingest.sinks.remote_write.answers import (
+    PERMANENT_5XX_MARKERS,
+    RETRY_4XX,
+    RETRY_AFTER_STATUSES,
+    refuses_samples,
 )
+from cloud_ingest.sinks.remote_write.request import LABEL_CACHE_BYTES, LabelBytes, encode_body
 from relay_common.backoff import Backoff, parse_retry_after
 from relay_common.ratelimit import RateLimitedLog
 from schemas.model import Batch
 
-__all__ = [
-    "DEFAULT_USER_AGENT",
-    "PROTOCOL_HEADERS",
-    "RemoteWriteClient",
-    "WriteOutcome",
-    "build_write_request",
-    "check_headers",
-    "encode_body",
-    "request_size_bound",
-]
-
-log = logging.getLogger(__name__)
+# A stable name in the log lines, wherever the module lives.
+log = logging.getLogger("cloud_ingest.write")
 
 
 def _package_version() -> str:
@@ -237,7 +227,7 @@ class RemoteWriteClient:
         self._warn = RateLimitedLog(log, warn_interval_s, clock)
         self._config_error = RateLimitedLog(log, warn_interval_s, clock, logging.ERROR)
         self._on_config_error = on_config_error
-        # Public: the service measures each batch's request with it before the write (cloud_ingest.decode).
+        # Public: each batch's request is measured with it before the write (cloud_ingest.pipeline.decode).
         self.labels_cache = LabelBytes(label_cache_bytes) if label_cache_bytes else None
 
     @property
@@ -367,8 +357,8 @@ class RemoteWriteClient:
         if 300 <= code < 500:
             if refuses_samples(code, head):
                 return _Attempt("rejected", code, reason)
-            # The same answer for every batch of every node (cloud_ingest.answers): rejecting would
-            # empty the fleet's spools. Retried like a 5xx, counted, alerted; the edge keeps the data.
+            # The same answer for every batch of every node (answers.py): rejecting would empty the
+            # fleet's spools. Retried like a 5xx, counted, alerted; the edge keeps the data.
             return _Attempt("retry_later", code, reason, config_error=True)
         # 1xx as a final status or >= 600: not a remote-write receiver speaking HTTP properly (a
         # proxy or load balancer in a bad state); treat like a network error.

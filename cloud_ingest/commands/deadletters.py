@@ -11,9 +11,9 @@ import argparse
 import time
 
 from cloud_ingest import settings
-from cloud_ingest.deadletter import DeadLetterStore
-from cloud_ingest.decode import Refused, decode
-from cloud_ingest.write import RemoteWriteClient
+from cloud_ingest.outcome.deadletters import DeadLetterStore
+from cloud_ingest.pipeline.decode import Refused, decode
+from cloud_ingest.sinks.remote_write.client import RemoteWriteClient
 from relay_common.backoff import Backoff
 
 

@@ -1,10 +1,10 @@
-"""Stream state of one ingester process for wire format v3 (live mode, issue 13).
+"""Stream state of one ingester process for wire format v3 (live mode): the decoder the decode stage uses.
 
 A v3 delta frame decodes only against the state its predecessor left (``docs/stream-codec.md``
-section 4). Replicas in a share group each get only some frames of a node, so every replica also
-*follows*: it subscribes to ``<prefix>/v1/+/+/batch`` without ``$share`` (QoS 0, MQTT 5 subscription
-identifier ``FOLLOW_ID``; see ``cloud_ingest/subscribe.py``) and decodes every v3 frame only to advance
-its per-node state; it writes and acks only what the shared subscription hands it.
+section 4). Replicas of a share group each get only some frames of a node, so an intake may also hand
+this state every frame of every node (*follow copies*: the MQTT intake's ``intake/mqtt/follow.py``),
+decoded only to advance the node's state; only what the shared delivery hands the pipeline is written
+and acked.
 
 What was chosen, and why:
 
@@ -17,14 +17,12 @@ What was chosen, and why:
   for the same cluster/node/seq/inc), bounded by entries and by samples. A copy of the cached batch
   is handed out, so what later stages rebind never reaches the cache. The cache is an optimisation:
   with ``keep`` >= 2 a frame whose result was evicted decodes again against its still-held base.
-- Follow copies are decoded on ``Follower`` threads in arrival order per node (sharded by node, FIFO),
-  never on paho's network thread and never on the workers: a worker may be waiting (below) for exactly
-  the follow copy that would be queued behind it. A follow copy never blocks: when the follow queues
-  hold ``max_queued_bytes`` it is dropped (a QoS 0 copy may be lost anyway; it costs a ``need_state``).
-  A copy that is not v3 is ignored after a look at its version byte.
+- ``advance`` (a follow copy) never runs on the thread that waits in ``decode`` (a shared copy): a
+  worker may be waiting (below) for exactly the follow copy that would be queued behind it.
 - The shared copy of a delta frame whose base is not held waits at most ``wait_s`` (the two deliveries
   are not ordered against each other) for the follow path to reach the base, then is refused with
-  ``DecodeError("need_state")``: the service acks ``need_state``, never dead-letters it. The wait ends
+  ``DecodeError("need_state")``: the pipeline acks ``need_state``, never dead-letters it. ``wait_s``
+  is 0 while no follow copies come (``set_following``): nothing could bring the base. The wait ends
   early (or is not begun) when it is futile: a follow copy that cannot be decoded records the id of the
   state it would have left (``frame_ids``: its content hashed, not decoded), and follow copies of a
   node arrive in publication order, so once the copy of the frame itself or of its base failed, the
@@ -39,30 +37,22 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import logging
-import queue
 import threading
 import time
-import zlib
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Final
 
-import paho.mqtt.client as mqtt
-
-from schemas import codec, topics
-from schemas.codec import FORMAT_V2, FORMAT_V3, MAGIC, DecodeError, Limits, StreamDecoder
+from schemas import codec
+from schemas.codec import FORMAT_V3, MAGIC, DecodeError, Limits, StreamDecoder
 from schemas.codec.stream import frame_ids
 from schemas.model import Batch
 
 if TYPE_CHECKING:
     from cloud_ingest.selfmetrics import IngestMetrics
 
-log = logging.getLogger("cloud_ingest.follow")
-
 DEFAULT_WAIT_S: Final = 2.0
 DEFAULT_CACHE_ENTRIES: Final = 1024
 DEFAULT_CACHE_SAMPLES: Final = 2_000_000  # decoded values held for the other delivery: ~16 MB + labels
-DEFAULT_MAX_QUEUED_BYTES: Final = 64 << 20
 _STUCK_MAX: Final = 4096
 _LOST_MAX: Final = 16384  # 16-byte state ids
 
@@ -70,21 +60,6 @@ _LOST_MAX: Final = 16384  # 16-byte state ids
 def is_v3(payload: bytes) -> bool:
     """Whether a payload is a v3 envelope (``ERB`` + version byte 3), without parsing anything."""
     return len(payload) > 3 and payload[:3] == MAGIC and payload[3] == FORMAT_V3
-
-
-def replayable(payload: bytes, batch: Batch | None, limits: Limits) -> bytes | None:
-    """What the dead-letter store may keep of a message: the message itself unless it is v3, whose
-    delta frames no later replay could decode; for v3 the decoded ``batch`` re-encoded as v2 (None:
-    nothing replayable to keep)."""
-    if not is_v3(payload):
-        return payload
-    if batch is None:
-        return None
-    try:
-        return codec.encode_batch(batch, limits=limits, version=FORMAT_V2)
-    except codec.EncodeError as e:  # cannot happen for a batch that decoded within the same limits
-        log.error("cannot re-encode a decoded v3 frame as v2 (%s): not dead-lettered", e)
-        return None
 
 
 @dataclasses.dataclass(slots=True)
@@ -111,6 +86,7 @@ class StreamState:
     ) -> None:
         self.limits = limits
         self.wait_s = wait_s  # 0 when nothing follows: no other delivery could bring the base
+        self._wait_when_following = wait_s
         self.cache_entries = max(1, cache_entries)
         self.cache_samples = cache_samples
         self.metrics = metrics
@@ -126,6 +102,11 @@ class StreamState:
         self.decodes = 0  # frames actually decoded (not served from the cache)
         if metrics is not None:
             metrics.stream_nodes.set_function(lambda: float(self._decoder.nodes))
+
+    def set_following(self, following: bool) -> None:
+        """Whether follow copies come now (the intake's follow path is live): only then may a shared copy
+        wait ``wait_s`` for its base."""
+        self.wait_s = self._wait_when_following if following else 0.0
 
     @property
     def nodes(self) -> int:
@@ -236,7 +217,7 @@ class StreamState:
         if entry.error is not None:
             raise entry.error
         assert entry.batch is not None
-        # A copy: decode.py rebinds labelsets (identity pinning) on what it is given.
+        # A copy: the decode stage rebinds labelsets (identity pinning) on what it is given.
         return dataclasses.replace(entry.batch)
 
     def _remember(self, digest: bytes, entry: _Entry) -> None:
@@ -267,90 +248,3 @@ class StreamState:
 
 def _digest(payload: bytes) -> bytes:
     return hashlib.blake2b(payload, digest_size=16).digest()
-
-
-class Follower:
-    """Threads that decode follow copies in arrival order per node; ``submit`` never blocks."""
-
-    def __init__(
-        self,
-        state: StreamState,
-        prefix: str,
-        *,
-        threads: int = 1,
-        max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
-        metrics: IngestMetrics | None = None,
-    ) -> None:
-        self.state = state
-        self.prefix = prefix
-        self.metrics = metrics
-        self.max_queued_bytes = max_queued_bytes
-        self._queued_bytes = 0
-        self._lock = threading.Lock()
-        self._queues: list[queue.SimpleQueue[tuple[str, str, bytes] | None]] = [
-            queue.SimpleQueue() for _ in range(max(1, threads))
-        ]
-        self._threads = [
-            threading.Thread(target=self._run, args=(q,), name=f"follow-{i}", daemon=True)
-            for i, q in enumerate(self._queues)
-        ]
-        self.outcomes: dict[str, int] = {}
-
-    def start(self) -> None:
-        for t in self._threads:
-            t.start()
-
-    def stop(self, timeout: float = 10.0) -> None:
-        for q in self._queues:
-            q.put(None)
-        for t in self._threads:
-            if t.is_alive():
-                t.join(timeout)
-
-    def submit(self, message: mqtt.MQTTMessage) -> None:
-        """A follow copy (paho's network thread): queue it for its node's thread, or drop it."""
-        payload = message.payload
-        if not is_v3(payload):
-            self._count("ignored")
-            return
-        try:
-            cluster, node, kind = topics.parse_topic(self.prefix, message.topic)
-        except ValueError:
-            kind = ""
-        if kind != "batch":
-            self._count("invalid")
-            return
-        size = len(payload)
-        with self._lock:
-            if self._queued_bytes + size > self.max_queued_bytes:
-                full = True
-            else:
-                full = False
-                self._queued_bytes += size
-        if full:
-            self._count("dropped")
-            return
-        shard = zlib.crc32(f"{cluster}/{node}".encode()) % len(self._queues)
-        self._queues[shard].put((cluster, node, bytes(payload)))
-
-    def _run(self, q: queue.SimpleQueue[tuple[str, str, bytes] | None]) -> None:
-        while True:
-            item = q.get()
-            if item is None:
-                return
-            cluster, node, payload = item
-            try:
-                outcome = self.state.advance(cluster, node, payload)
-            except Exception:  # never let one frame stop the follow path
-                log.exception("unexpected error following a frame of %s/%s", cluster, node)
-                outcome = "invalid"
-            finally:
-                with self._lock:
-                    self._queued_bytes -= len(payload)
-            self._count(outcome)
-
-    def _count(self, outcome: str) -> None:
-        with self._lock:
-            self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
-        if self.metrics is not None:
-            self.metrics.frames_followed.labels(outcome).inc()

@@ -1,6 +1,6 @@
 """``cloud-ingest check-config``: validate a config file as ``run`` would, and show it with every default.
 
-``validate`` is what ``cloud-ingest run`` checks at start-up before it builds anything (``service.run``
+``validate`` is what ``cloud-ingest run`` checks at start-up before it builds anything (``app.run``
 calls it), so ``check-config`` fails exactly when ``run`` would, with the same messages (exit 2):
 
 - the config file itself (``settings.load``: schema, topic prefix, ranges, remote-write headers);

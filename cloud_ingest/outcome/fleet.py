@@ -11,7 +11,7 @@ Sources, per ``(cluster, node)``:
   what it last said it held");
 - the **outcomes** of the node's batches in this process: written (samples, batches, newest sample
   timestamp, highest seq), dead-lettered (refused as invalid, or rejected by the receiver);
-- the **acks** every replica publishes (``<prefix>/v1/<cluster>/<node>/ack``, when the service
+- the **acks** every replica publishes (``<prefix>/v1/<cluster>/<node>/ack``, when the intake
   subscribes to them): which seqs were finished by *any* replica, and which of them were rejected.
 
 When a node was last *heard*: the latest of the times this process received a live status, a batch or
@@ -46,7 +46,7 @@ spool without reaching the receiver: the ones the node dropped on purpose (which
 counts, so a gap alone is no verdict) plus any that vanished on the way (which would be a bug). It is
 only defined when this process sees every seq of a node (``complete_view``): when it receives every
 batch itself (no share group) or sees every replica's acks. A replica that reconnects to the broker may
-have missed acks meanwhile, so the service calls ``reset_seq_tracking`` then and counting starts again.
+have missed acks meanwhile, so the intake calls ``reset_seq_tracking`` then and counting starts again.
 
 Memory is bounded: the missing seqs of a node are kept as at most ``MAX_GAP_RANGES`` ranges (the lowest
 are dropped first: the estimate can only undercount), ranges older than ``GAP_HORIZON_SECONDS`` (24 h)

@@ -1,0 +1,13 @@
+"""Sinks: where the pipeline writes a decoded batch, behind the ``Sink`` protocol (``sink.py``).
+
+A sink answers one question per batch, "write this; what was written, what refused for good, or must
+it be retried later?" (``SinkResult``), and bounds what a batch becomes on the way out
+(``request_bound``), so the decode stage can refuse a small batch that would become a huge request.
+How it retries, batches requests or narrows a refusal down to samples is its own business: the
+pipeline only sees the result.
+
+``remote_write/`` is Prometheus remote-write 1.0, the first sink. A new sink is one subpackage here
+with a class that has ``write``, ``request_bound`` and ``close``, built in ``app.py``; several targets,
+each with its own queue, would be a sink that fans a batch out to the others and reports what every
+required one took.
+"""

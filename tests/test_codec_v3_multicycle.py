@@ -383,7 +383,7 @@ def test_unknown_frame_kind_is_its_own_reason() -> None:
         assert err.reason == v3mod.UNKNOWN_FRAME_KIND != "malformed"
         assert "unknown v3 frame kind" in err.message
         # what the relay reads from the ingester's rejection: a format it does not know, so it pauses
-        assert str(err).split(":", 1)[0].strip() in relay_stream._UNKNOWN_FORMAT
+        assert str(err).split(":", 1)[0].strip() in relay_stream.UNKNOWN_FORMAT
 
 
 def test_multicycle_key_frame_decodes_alone_and_delta_needs_state() -> None:

@@ -32,7 +32,7 @@ from edge_relay.encode.batches import BatchEncoder, decode_stage, to_batch
 from edge_relay.ledger import LossLedger
 from edge_relay.recorder import flight as recorder_mod
 from edge_relay.recorder.flight import (
-    _COMPACT_RECHECK_BLOCKS,
+    COMPACT_RECHECK_BLOCKS,
     KIND_CYCLE,
     KIND_ENVELOPE,
     FlightRecorder,
@@ -43,7 +43,7 @@ from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.store.retention import Policy, Retention
 from edge_relay.store.sink import SpoolSink
 from edge_relay.store.spool import Spool
-from edge_relay.store.spool.recorder import NewBlock, _free_bytes
+from edge_relay.store.spool.recorder import NewBlock, free_bytes
 from edge_relay.uplink.status import StatusReport
 from schemas import codec
 from schemas.model import STALE_NAN, Batch, Labels, ScrapeBlock, float_bits, is_stale
@@ -243,14 +243,14 @@ def test_the_block_form_follows_the_series_count(spool: Spool) -> None:
     rec = recorder(spool, Clock(), max_bytes=16 << 20, max_age_ms=HOUR_MS)
     versions = []
     tick = 0
-    for series in [20] * 3 + [400] * 3 + [20] * _COMPACT_RECHECK_BLOCKS:
+    for series in [20] * 3 + [400] * 3 + [20] * COMPACT_RECHECK_BLOCKS:
         for _ in range(3):  # one block
             assert rec.record(gpu_cycle(tick, series=series))
             tick += 1
         versions.append(block_versions(spool)[-1])
     v1, v2 = codec.FORMAT_V1, codec.FORMAT_V2
-    # 400 series: v2 from their first block on, and for _COMPACT_RECHECK_BLOCKS blocks after it.
-    assert versions == [v1] * 3 + [v2] * (1 + _COMPACT_RECHECK_BLOCKS) + [v1] * 2
+    # 400 series: v2 from their first block on, and for COMPACT_RECHECK_BLOCKS blocks after it.
+    assert versions == [v1] * 3 + [v2] * (1 + COMPACT_RECHECK_BLOCKS) + [v1] * 2
 
 
 def test_a_weighing_the_last_v1_block_rules_out_packs_no_v1(
@@ -269,7 +269,7 @@ def test_a_weighing_the_last_v1_block_rules_out_packs_no_v1(
     monkeypatch.setattr(recorder_mod, "encode_checked", counting)
     rec = recorder(spool, Clock(), max_bytes=16 << 20, max_age_ms=HOUR_MS)
     tick = 0
-    r = _COMPACT_RECHECK_BLOCKS
+    r = COMPACT_RECHECK_BLOCKS
     for series in [400] * (r + 2) + [20] * (r + 1):
         for _ in range(3):  # one block
             assert rec.record(gpu_cycle(tick, series=series))
@@ -409,7 +409,7 @@ def test_the_recorder_leaves_the_reserve_free(tmp_path: Path) -> None:
             rec.record(
                 [scrape("t", T0 + t * 1000, [(labels("n", i=str(i)), rng.random()) for i in range(2000)])]
             )
-        assert spool.store.run("free", _free_bytes) >= reserve - 64 * 1024
+        assert spool.store.run("free", free_bytes) >= reserve - 64 * 1024
         assert metrics.registry.get_sample_value(
             "edge_relay_recorder_evicted_samples_total", {"reason": "backlog_room"}
         )

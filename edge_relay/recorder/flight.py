@@ -19,7 +19,7 @@ CPU only where the room needs it: a block is v1 while ``max_age``'s worth of v1 
 most half of its room (``max_bytes``, or ``spool.max_bytes`` when that is smaller), v2 otherwise and
 when there is no age cap (then the room is what sets the span). At the defaults (6 h, 256 MiB) that is
 v1 at 2,000 series (about 41 MB for 6 h) and v2 at 20,000 (about 410 MB in v1). Every v1 block is
-weighed again, and v2 gives way to v1 again after ``_COMPACT_RECHECK_BLOCKS`` blocks, so a node whose
+weighed again, and v2 gives way to v1 again after ``COMPACT_RECHECK_BLOCKS`` blocks, so a node whose
 series grow or shrink follows; that weighing first estimates from the last v1 block's bytes a sample,
 so a v1 block that could not fit is not packed only to be thrown away. So that every cycle is
 durable when it ends (kill -9), a cycle is first written alone in the cheap staging form
@@ -67,7 +67,7 @@ _READ_CHUNK: Final = 8  # blocks read per query, so a long read never holds the 
 # v1 blocks while max_age's worth of them fill at most this part of the room: the rest is headroom for
 # churn (new series cost their label sets) and for the backlog, which takes the recorder's room first.
 _CHEAP_ROOM_FRACTION: Final = 0.5
-_COMPACT_RECHECK_BLOCKS: Final = 60  # an hour of 60 s blocks in v2 before v1 is weighed again
+COMPACT_RECHECK_BLOCKS: Final = 60  # an hour of 60 s blocks in v2 before v1 is weighed again
 # A block's v1 bytes a sample vary with its churn and values: a weighing skips v1 only when the last
 # v1 block's rate, less this factor, still would not fit.
 _CHEAP_ESTIMATE_SLACK: Final = 1.25
@@ -311,7 +311,7 @@ class FlightRecorder:
                 self._cheap_bytes_per_sample = len(cheap) / max(1, batch.sample_count)
                 if affordable(len(cheap)):
                     return cheap
-            self._compact_blocks = _COMPACT_RECHECK_BLOCKS
+            self._compact_blocks = COMPACT_RECHECK_BLOCKS
         else:
             self._compact_blocks = max(0, self._compact_blocks - 1)
         return encode_checked(batch, self._valid, version=codec.FORMAT_V2, **options)

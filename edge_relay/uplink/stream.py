@@ -45,7 +45,7 @@ from schemas.codec.stream import StreamEncoder, frame_base
 log = logging.getLogger("edge_relay.stream")
 
 # Reasons an ingester gives for a format it does not know (schemas.codec: unknown_version/_codec).
-_UNKNOWN_FORMAT = ("unknown_version", "unknown_codec")
+UNKNOWN_FORMAT = ("unknown_version", "unknown_codec")
 # What a v3 ingester from before the multi-cycle layout says about its frames (reason "malformed").
 _OLD_FRAME_KINDS = "unknown v3 frame kind"
 LIVE, WINDOWED = 0, 1  # the stream's chains: rows of one cycle, and rows of several (windows)
@@ -231,7 +231,7 @@ class StreamCoder:
                 reason,
                 self.pause_s,
             )
-        elif reason.split(":", 1)[0].strip() in _UNKNOWN_FORMAT and self.enabled:
+        elif reason.split(":", 1)[0].strip() in UNKNOWN_FORMAT and self.enabled:
             self._paused_until = self._clock() + self.pause_s
             log.warning(
                 "the ingester does not decode wire format v3 (%s): publishing the spooled batches as they "

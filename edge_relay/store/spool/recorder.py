@@ -105,7 +105,7 @@ class RecorderTable:
                 _delete(conn, [r[0] for r in rows])
                 evicted += [(Eviction.MAX_AGE, r[1], r[2]) for r in rows]
             # Room the batches may need stays free: the recorder only ever takes what is left over.
-            short = size + reserve_bytes - _free_bytes(conn) if blocks else 0
+            short = size + reserve_bytes - free_bytes(conn) if blocks else 0
             if short > 0:
                 room = _evict_oldest(conn, short, Eviction.BACKLOG_ROOM)
                 if sum(e[2] for e in room) < short:
@@ -275,7 +275,7 @@ def _evict_oldest(
     return out
 
 
-def _free_bytes(conn: sqlite3.Connection) -> int:
+def free_bytes(conn: sqlite3.Connection) -> int:
     """Bytes the file can still take under its page cap (``spool.max_bytes`` or the disk's): pages not
     yet allocated plus free pages inside the file."""
     (page_size,) = conn.execute("PRAGMA page_size").fetchone()

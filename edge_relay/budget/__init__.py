@@ -4,7 +4,7 @@ One budget file, five parts that run it, one that plans it:
 
 - ``model``: the budget file (``load``/``parse``) as typed objects: ``Budget`` with its
   ``UplinkBudget`` (sustained rate, burst, daily quota, time windows, batch window) and its
-  ``ClassPolicy`` priority classes (presets in ``PRESETS``).
+  ``ClassPolicy`` priority classes (presets in ``PRESETS``: the exporters' records', ``vendors``).
 - ``shaper`` (the shape stage): ``BudgetShaper`` applies the classes to every scrape (resolution,
   aggregation, precision, suppression) at the level the controller sets per class.
 - ``controller`` (once per cycle): ``Controller`` decides the allowed rate (time window, what is left of

@@ -113,8 +113,10 @@ RECORD: Final = Exporter(
     rules=(
         RuleSection(
             "AMD: ROCm device-metrics-exporter",
-            notes="VRAM in MiB, activity in %, clocks in MHz, ECC counts typed gauge (rate() does not care). "
-            f"The exporter serves no power limit: {MI300X.power_limit:g} W (MI300X OAM).",
+            notes='VRAM in "MB" that are MiB (MI300X: 196592 = 192 GiB), activity in %, clocks in MHz, ECC '
+            "counts typed gauge (rate() does not care); MI300X has no edge temperature, MI2xx no junction "
+            "one, and MI2xx reports gpu_average_package_power instead of gpu_package_power. The exporter "
+            f"serves no power limit: {MI300X.power_limit:g} W (MI300X OAM).",
             rules=(
                 rule(
                     "gpu:temperature_celsius",

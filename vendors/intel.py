@@ -104,7 +104,9 @@ RECORD: Final = Exporter(
     rules=(
         RuleSection(
             "Intel: XPU Manager 2.x xpumd (OpenTelemetry names)",
-            notes="Base units already. The exporter serves no usable power limit: "
+            notes="Already base units, one series per engine / sensor / RAS category. These rules and the "
+            "1.x exporter's carry `exporter` (xpumd | xpum): the two never run side by side, but their rules "
+            "must not collide. Neither serves a usable power limit: "
             f"{NOMINAL_POWER_LIMIT_W} W (Data Center GPU Flex 170).",
             rules=tuple(
                 rule(record, label_gpu(expr, "pci_bdf"), comment, exporter="xpumd")
@@ -156,8 +158,8 @@ RECORD: Final = Exporter(
             ),
         ),
         RuleSection(
-            "Intel: XPU Manager 1.x exporter (xpum_*; its own `vendor` label is overwritten)",
-            notes="Ratios 0..1.",
+            "Intel: XPU Manager 1.x exporter",
+            notes="xpum_* with a `vendor` label of its own (overwritten here), ratios 0..1.",
             rules=tuple(
                 rule(record, label_gpu(expr, "pci_bdf"), comment, exporter="xpum")
                 for record, expr, comment in (

@@ -83,7 +83,9 @@ RECORD: Final = Exporter(
     rules=(
         RuleSection(
             "NVIDIA Jetson: jetson_stats_node_exporter (jtop)",
-            notes="No GPU load and no error counters: no gpu:utilization_ratio, no gpu:errors:rate5m. Memory "
+            notes="*_Hz hold kHz, gpu_utilization_percentage_Hz is the GPU *frequency* (labels swapped: "
+            'nvidia_gpu="freq", statistic="gpu"), memory in KiB ("kB"), power in mW, offline sensors read '
+            "-256. No GPU load and no error counters: no gpu:utilization_ratio, no gpu:errors:rate5m. Memory "
             "used is the GPU's share of the unified RAM, memory total the module's RAM, power the whole "
             f"module's (VDD_IN). The exporter serves no power limit: {NOMINAL_POWER_LIMIT_W} W (Orin Nano "
             "8GB, MAXN SUPER; AGX Orin: 60 W).",

@@ -1,8 +1,9 @@
 """Every exporter's record, in order, and the views of them all that the relay reads.
 
 The order is visible: it is the order of the budget schema's preset enum and of the default
-``anomaly.presets`` (the GPU exporters'). The records are checked on import (unique preset names, a
-preset's ``gpus`` naming a GPU exporter), so a broken record fails at once, not in a scrape.
+``anomaly.presets`` (the GPU exporters'). The records are checked on import (unique names, a preset's
+``gpus`` naming a GPU exporter, a summary for every preset, a vendor for every record with rules), so a
+broken record fails at once, not in a scrape.
 """
 
 from __future__ import annotations
@@ -57,6 +58,12 @@ def _check() -> None:
     for preset, gpus in PRESET_GPUS.items():
         if gpus not in GPUS:
             raise ValueError(f"vendors: preset {preset!r} implies {gpus!r}, which is no GPU exporter")
+    for name, preset in PRESETS.items():
+        if not preset.summary:
+            raise ValueError(f"vendors: preset {name!r} has no summary (the schema describes it by it)")
+    for record in RECORDS:
+        if record.rules and not record.vendor:
+            raise ValueError(f"vendors.{record.name}: recording rules need a vendor (their `vendor` label)")
 
 
 _check()

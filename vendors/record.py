@@ -1,9 +1,10 @@
 """The shape of one exporter's record: what the relay, the detector, the simulator and the rules know of it.
 
-Data only, no behaviour: each exporter module (``vendors.dcgm``, ...) fills an ``Exporter``; the budget
-compiles its presets, ``edge_relay.anomaly.signals`` compiles its ``GpuSignals`` into readers,
-``vendors.generate`` writes its recording rules and the schema's enums. A reading names a signal from
-``GAUGE_SIGNALS``; a record that names another fails on import, so a typo cannot pass silently.
+Data, and the two look-ups that belong to it (``Label.holds``, ``GpuSignals.gpu_key``): each exporter
+module (``vendors.dcgm``, ...) fills an ``Exporter``; the budget compiles its presets,
+``edge_relay.anomaly.signals`` compiles its ``GpuSignals`` into readers, ``vendors.generate`` writes its
+recording rules and the schema's enums. A reading names a signal from ``GAUGE_SIGNALS``; a record that
+names another fails on import, so a typo cannot pass silently.
 """
 
 from __future__ import annotations
@@ -249,11 +250,11 @@ class Exporter:
 
     ``name``: the registry's key; ``presets``: the budget's presets, in the schema's order (the full one
     first, then its ``-critical`` subset); ``vendor``: the GPU vendor its series describe, the ``vendor``
-    label of its recording rules and the simulator's ``--vendor``; ``gpu``: how the detector reads it
-    (None: not a GPU exporter); ``rules``: its ``gpu:*`` recording rules; ``samples``: its sample pages
-    in ``simulator/data/`` (the simulator's fixtures); ``hwmon_chips``: the hwmon chip names of this
-    vendor's GPUs (node-exporter's ``node_hwmon_chip_names``), which the node's detector leaves to the
-    GPU's."""
+    label of its recording rules (the word the simulator's ``--vendor`` uses too); ``gpu``: how the
+    detector reads it (None: not a GPU exporter); ``rules``: its ``gpu:*`` recording rules; ``samples``:
+    its sample pages in ``simulator/data/`` (the simulator's fixtures); ``hwmon_chips``: the hwmon chip
+    names of this vendor's GPUs (node-exporter's ``node_hwmon_chip_names``), which the node's detector
+    leaves to the GPU's."""
 
     name: str
     presets: Mapping[str, Preset]

@@ -18,6 +18,7 @@ COPY edge_relay edge_relay
 COPY cloud_ingest cloud_ingest
 COPY schemas schemas
 COPY relay_common relay_common
+COPY vendors vendors
 # The simulator (`edge-relay simulate`, imported only by that subcommand) serves docker-compose.yml's demo.
 COPY simulator simulator
 # testkit/ (test, bench and demo tooling) is not copied: the wheel built here then leaves it out, as

@@ -28,7 +28,7 @@ Layout:
   series templates, fixture parsing) and ``data_path``, which locates the package data;
 - ``topology``: the owners of series (pods, the job, clones, static owners), identities, lifecycle;
 - ``kepler``, ``dcgm``, ``node``, ``gpus``: one model per exporter, what it exposes and how its values
-  evolve;
+  evolve (its fixture's name and its GPUs' limits are the exporter's record's, ``vendors``);
 - ``model``: ``Simulator``, which puts the models together and renders payloads;
 - ``incidents``: ``Incident`` (thermal runaway, XID burst, power cap, memory leak on one GPU from a
   tick on), passed as ``Simulator(..., incidents=[...])`` or ``simulate --incident``;

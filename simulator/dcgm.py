@@ -11,6 +11,12 @@ from typing import Any, Final
 
 from simulator.base import CONST, COUNTER, FMT_FLOAT, FMT_INT, GAUGE, INF, Exposition, Family, Tpl, fixture
 from simulator.topology import Owners
+from vendors import dcgm as record
+
+# The fixture's GPUs: their board power limit and frame buffer (MiB) bound what they draw and hold.
+_GPU: Final = record.A100_80GB_PCIE
+_POWER_LIMIT_W: Final = _GPU.power_limit if _GPU.power_limit is not None else INF
+_FB_MIB: Final = _GPU.memory_bytes / 2**20 if _GPU.memory_bytes is not None else INF
 
 # DCGM field -> (how strongly it follows the GPU's load, lower bound, upper bound); None: constant.
 _DCGM_FIELDS: Final[dict[str, tuple[float, float, float] | None]] = {
@@ -18,14 +24,14 @@ _DCGM_FIELDS: Final[dict[str, tuple[float, float, float] | None]] = {
     "DCGM_FI_DEV_MEM_CLOCK": None,
     "DCGM_FI_DEV_MEMORY_TEMP": (0.15, 25.0, 95.0),
     "DCGM_FI_DEV_GPU_TEMP": (0.15, 25.0, 90.0),
-    "DCGM_FI_DEV_POWER_USAGE": (1.0, 0.0, 300.0),
+    "DCGM_FI_DEV_POWER_USAGE": (1.0, 0.0, _POWER_LIMIT_W),
     "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": None,
     "DCGM_FI_DEV_GPU_UTIL": (0.8, 0.0, 100.0),
     "DCGM_FI_DEV_MEM_COPY_UTIL": (0.8, 0.0, 100.0),
     "DCGM_FI_DEV_ENC_UTIL": (1.0, 0.0, 100.0),
     "DCGM_FI_DEV_DEC_UTIL": (0.6, 0.0, 100.0),
     "DCGM_FI_DEV_XID_ERRORS": None,
-    "DCGM_FI_DEV_FB_USED": (0.3, 0.0, 81920.0),
+    "DCGM_FI_DEV_FB_USED": (0.3, 0.0, _FB_MIB),
     "DCGM_FI_DEV_FB_RESERVED": None,
     "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": None,
     "DCGM_FI_DEV_VGPU_LICENSE_STATUS": None,
@@ -52,7 +58,7 @@ HEALTH_FIELDS: Final = (
 def build(owners: Owners, topo: dict[str, Any], *, health_fields: bool = False) -> Exposition:
     """dcgm-exporter's exposition: the fixture's GPU fields, following each GPU's load
     (``health_fields``: plus ``HEALTH_FIELDS``, after them)."""
-    raw = fixture("dcgm-exporter-sample.prom")
+    raw = fixture(record.SAMPLE)
     families = [Family(f.name, f.help, f.type) for f in raw]
     if health_fields:
         families += [Family(name, help_, typ) for name, typ, help_ in HEALTH_FIELDS]

@@ -39,18 +39,21 @@ from simulator.base import (
     fixture,
 )
 from simulator.topology import Owners
+from vendors import amd, intel, jetson
 
-AMD_FIXTURE: Final = "amd-device-metrics-exporter-sample.prom"
-INTEL_FIXTURE: Final = "intel-xpumd-sample.prom"
-JETSON_FIXTURE: Final = "jetson-stats-exporter-sample.prom"
+AMD_FIXTURE: Final = amd.SAMPLE
+INTEL_FIXTURE: Final = intel.SAMPLE
+JETSON_FIXTURE: Final = jetson.SAMPLE
+# The AMD node's GPUs (MI300X OAM): their board limit bounds what they draw.
+_AMD_POWER_LIMIT_W: Final = amd.MI300X.power_limit if amd.MI300X.power_limit is not None else INF
 
 # Gauge families: (share of the value that follows the load, lower bound, upper bound).
 Move = tuple[float, float, float]
 
 _AMD_GAUGES: Final[dict[str, Move]] = {
-    "gpu_package_power": (1.0, 0.0, 750.0),  # MI300X OAM board limit
-    "gpu_average_package_power": (1.0, 0.0, 750.0),
-    "gpu_power_usage": (1.0, 0.0, 750.0),
+    "gpu_package_power": (1.0, 0.0, _AMD_POWER_LIMIT_W),
+    "gpu_average_package_power": (1.0, 0.0, _AMD_POWER_LIMIT_W),
+    "gpu_power_usage": (1.0, 0.0, _AMD_POWER_LIMIT_W),
     "gpu_junction_temperature": (0.15, 20.0, 110.0),
     "gpu_edge_temperature": (0.15, 20.0, 100.0),
     "gpu_memory_temperature": (0.15, 20.0, 105.0),

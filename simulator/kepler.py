@@ -24,11 +24,12 @@ from simulator.base import (
     is_constant,
 )
 from simulator.topology import Owners, relabel
+from vendors import kepler as record
 
 
 def build(owners: Owners, topo: dict[str, Any]) -> Exposition:
     """Kepler v0.11's exposition; its series go to their owners."""
-    raw = fixture("kepler-current-sample.prom")
+    raw = fixture(record.SAMPLE)
     uptime = float(topo["kepler_uptime_s"])
     expo = Exposition([Family(f.name, f.help, f.type) for f in raw], sorted_output=True)
     watts = {
@@ -86,7 +87,7 @@ def _kepler_owner(owners: Owners, family: str, d: dict[str, str]) -> tuple[str, 
 
 def build_07(owners: Owners, topo: dict[str, Any]) -> Exposition:
     """Kepler v0.7.12's exposition (the old line); its series go to their owners."""
-    raw = fixture("kepler-0.7-sample.prom")
+    raw = fixture(record.SAMPLE_07)
     uptime = float(topo["kepler_uptime_s"])
     expo = Exposition([Family(f.name, f.help, f.type) for f in raw], sorted_output=True)
     gpu_families = ("kepler_container_gpu_compute_util_total", "kepler_container_gpu_mem_util_total")

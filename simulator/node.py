@@ -28,13 +28,14 @@ from simulator.base import (
     read_data,
 )
 from simulator.topology import Owners
+from vendors import kepler
 
 
 def build(owners: Owners, interval_s: float, seed: int) -> Exposition:
     """node_exporter's exposition; its series belong to one static owner, ``host:node_exporter``."""
     spec: dict[str, Any] = json.loads(read_data("node-exporter.json"))
     nb = _NodeBuilder(spec, interval_s, seed)
-    nb.build(fixture("kepler-current-sample.prom"))
+    nb.build(fixture(kepler.SAMPLE))
     expo = nb.exposition()
     unit = owners.static("host:node_exporter", nb.slots)
     unit.tpls["node"] = nb.templates(expo)

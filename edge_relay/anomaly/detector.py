@@ -5,10 +5,11 @@ Runs per GPU, and per node, on every cycle's scrapes after ``TargetShaper`` and 
 (``docs/anomaly-detection.md``): the preset's **rules** (any increase of XID / ECC / remapped-row /
 throttle-reason counters; temperature, power or memory over a threshold or rising faster than a slope)
 or-ed with an **EWMA z-score** over the GPU's signals. Standard library only: the sidecar core must not
-need river or scikit-learn. What a scrape says about a GPU (the vendors' tables, ``take``, the score)
-is ``edge_relay.anomaly.signals``; the node's own detector (node-exporter and Kepler's node power:
+need river or scikit-learn. Which series a GPU exporter serves and how they read, its GPU label and
+its default limits are its record's (``vendors``): ``edge_relay.anomaly.signals`` compiles the records'
+readings and keeps the score; the node's own detector (node-exporter and Kepler's node power:
 temperature, available memory, memory stalls, power; the same score) is ``edge_relay.anomaly.node``,
-keyed ``node`` (``NODE_KEY``) where a GPU's key is ``vendor:label``.
+keyed ``node`` (``NODE_KEY``) where a GPU's key is ``vendor:label`` (the GPU exporter's record name).
 
 On a detection the caller (``Relay``) gets an ``Event``; this module keeps the GPU's (or the node's)
 window open until ``post_seconds`` after its last detection and exposes ``override``: the label sets of
@@ -41,23 +42,22 @@ from edge_relay.anomaly.node import (
 )
 from edge_relay.anomaly.signals import (
     DEFAULT_THRESHOLDS,
-    KEPLER_POD,
-    PRESET_VENDOR,
+    READERS,
     SCORE_DEBOUNCE,
     THRESHOLD_KEYS,
-    VENDORS,
     Ewma,
     Thresholds,
     gpu_key,
-    take,
     vendor_of,
 )
 from relay_common.config import ConfigError
 from schemas.model import Labels, metric_name
+from vendors import kepler, registry
 
 log = logging.getLogger("edge_relay.anomaly")
 
 MAX_GPUS: Final = 64  # per node: label churn must not grow the state without bound
+GPU_VENDORS: Final = tuple(registry.GPUS)  # the GPU exporters, in the registry's order
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,7 @@ class AnomalyConfig:
     """The budget file's ``anomaly`` section."""
 
     enabled: bool = True
-    presets: tuple[str, ...] = VENDORS
+    presets: tuple[str, ...] = GPU_VENDORS
     score: str = "ewma"  # ewma | none
     score_threshold: float = 8.4  # the bench's busy-day calibration (0.25 false events / GPU-hour)
     pre_seconds: float = 120.0
@@ -91,8 +91,9 @@ def parse_config(
     then runs no detection at all, exactly as before it existed)."""
     if raw is None:
         return None
-    vendors = sorted({PRESET_VENDOR[p] for p in class_presets if p in PRESET_VENDOR}, key=VENDORS.index)
-    presets = tuple(raw.get("presets") or vendors or VENDORS)
+    implied = registry.PRESET_GPUS
+    vendors = sorted({implied[p] for p in class_presets if p in implied}, key=GPU_VENDORS.index)
+    presets = tuple(raw.get("presets") or vendors or GPU_VENDORS)
     pre, post = float(raw.get("pre_seconds", 120)), float(raw.get("post_seconds", 300))
     if pre + post <= 0:
         raise _error(source, "anomaly.post_seconds", "expected pre_seconds + post_seconds > 0 (a window)")
@@ -164,6 +165,8 @@ class _Gpu:
         self.key = key
         self.vendor = vendor
         self.th = th
+        self.reader = READERS[vendor]
+        self.pods = registry.GPUS[vendor].pods  # None: no workload series join this GPU
         self.prev_counters: dict[tuple[str, Labels], float] = {}
         self.prev_xid = 0.0
         self.prev_status: dict[Labels, float] = {}
@@ -234,36 +237,44 @@ _POD: Final = "~pod"  # the label-set cache's mark for those
 _NODE_HELD: Final = "~node"  # a node series no node signal reads: only its window holds it
 
 
-def _pod_series(windowed: Sequence[_Gpu], kepler: Sequence[Labels]) -> None:
-    """Adds to each windowed NVIDIA GPU's series Kepler's GPU series of the pod dcgm names on it:
-    dcgm's ``pod`` / ``namespace`` are Kepler's ``pod_name`` / ``pod_namespace``; the pod's ``pod_id``
-    finds its containers, their ``container_id`` its processes. Only while a window is open."""
+def _pod_series(windowed: Sequence[_Gpu], workloads: Sequence[Labels]) -> None:
+    """Adds to each windowed GPU that names its pod (``_Gpu.pods``: dcgm's ``pod`` / ``namespace``)
+    Kepler's GPU series of that pod (its ``pod_name`` / ``pod_namespace``): the pod's ``pod_id`` finds its
+    containers, their ``container_id`` its processes. Only while a window is open."""
     by_pod: dict[tuple[str, str], _Gpu] = {}
     for g in windowed:
+        join = g.pods
+        if join is None:
+            continue
         for ls in g.series:
             d = dict(ls)
-            if d.get("pod") and d["__name__"].startswith("DCGM_"):
-                by_pod[(d["pod"], d.get("namespace", ""))] = g
+            if d.get(join.pod) and d["__name__"].startswith(join.series_prefix):
+                by_pod[(d[join.pod], d.get(join.namespace, ""))] = g
     if not by_pod:
         return
     by_pod_id: dict[str, _Gpu] = {}
     by_container: dict[str, _Gpu] = {}
-    rows = [(dict(ls), ls) for ls in kepler]
-    for kind in ("pod", "container", "process"):
+    rows = [(dict(ls), ls) for ls in workloads]
+    for kind in kepler.WORKLOAD_KINDS:
         for d, ls in rows:
             if not d["__name__"].startswith(f"kepler_{kind}_"):
                 continue
-            g = by_pod.get((d.get("pod_name", ""), d.get("pod_namespace", "")))
-            if kind == "pod" and g is not None and d.get("pod_id"):
-                by_pod_id[d["pod_id"]] = g
+            g = by_pod.get((d.get(kepler.POD_NAME, ""), d.get(kepler.POD_NAMESPACE, "")))
+            if kind == "pod" and g is not None and d.get(kepler.POD_ID):
+                by_pod_id[d[kepler.POD_ID]] = g
             if g is None and kind != "process":
-                g = by_pod_id.get(d.get("pod_id", ""))
-            if kind == "container" and g is not None and d.get("container_id"):
-                by_container[d["container_id"]] = g
+                g = by_pod_id.get(d.get(kepler.POD_ID, ""))
+            if kind == "container" and g is not None and d.get(kepler.CONTAINER_ID):
+                by_container[d[kepler.CONTAINER_ID]] = g
             if g is None and kind == "process":
-                g = by_container.get(d.get("container_id", ""))
+                g = by_container.get(d.get(kepler.CONTAINER_ID, ""))
             if g is not None:
                 g.series.add(ls)
+
+
+def _joins_workloads(vendors: frozenset[str]) -> bool:
+    """Whether a GPU exporter among ``vendors`` names the pod on its GPUs (workload series join it)."""
+    return any(registry.GPUS[v].pods is not None for v in vendors if v in registry.GPUS)
 
 
 class Detector:
@@ -275,6 +286,7 @@ class Detector:
         self.interval_ms = max(1, round(interval_s * 1000))
         self._gpus: dict[str, _Gpu] = {}
         self._vendors = frozenset(cfg.presets)
+        self._joins_workloads = _joins_workloads(self._vendors)
         self.events_total = 0
         self.last_event: Event | None = None
         self.override: frozenset[Labels] = frozenset()  # series at full resolution now
@@ -285,8 +297,8 @@ class Detector:
         name = metric_name(labels)
         if self._node is not None and is_node_series(name):
             return NODE_KEY if name in SIGNAL_METRICS else _NODE_HELD
-        if "dcgm" in self._vendors and KEPLER_POD.fullmatch(name):
-            return _POD  # a workload's GPU series: the GPU is found through dcgm's pod (_pod_series)
+        if self._joins_workloads and kepler.WORKLOAD_GPU_SERIES.fullmatch(name):
+            return _POD  # a workload's GPU series: the GPU is found through the pod on it (_pod_series)
         vendor = vendor_of(name)
         if vendor is None or vendor not in self._vendors:
             return None
@@ -296,6 +308,7 @@ class Detector:
     def set_config(self, cfg: AnomalyConfig) -> None:
         self.cfg = cfg
         self._vendors = frozenset(cfg.presets)
+        self._joins_workloads = _joins_workloads(self._vendors)
         self._keys.clear()
         for g in self._gpus.values():
             g.th = cfg.thresholds[g.vendor]
@@ -396,7 +409,7 @@ class Detector:
                     continue
                 ts = base if stamps is None else stamps[i]
                 _, x = per_gpu.setdefault(gid, (ts, {}))
-                take(g, vendor, metric_name(labels), labels, value, x, fired.setdefault(gid, []))
+                g.reader.take(g, metric_name(labels), labels, value, x, fired.setdefault(gid, []))
         for gid, g in self._gpus.items():
             g.series = seen.get(gid, set())
         events: list[Event] = []
@@ -421,7 +434,7 @@ class Detector:
                         events.append(ev)
         # By this cycle's scrape time, not the clock: a scrape taken at window_end is still in the window.
         cycle_ms = min((x.timestamp_ms for x in scrapes if len(x)), default=now_ms)
-        windowed = [g for g in self._gpus.values() if g.window_end_ms >= cycle_ms and g.vendor == "dcgm"]
+        windowed = [g for g in self._gpus.values() if g.window_end_ms >= cycle_ms and g.pods is not None]
         if windowed and pods:
             _pod_series(windowed, pods)
         self.override = frozenset(s for g in self._units() if g.window_end_ms >= cycle_ms for s in g.series)

@@ -4,8 +4,9 @@ the same EWMA score as the GPUs' (``edge_relay.anomaly.detector`` opens and keep
 Signals (``docs/anomaly-detection.md``, "Per node"), each taken only where the node serves it:
 
 - ``temp``: the hottest of ``node_hwmon_temp_celsius`` / ``node_thermal_zone_temp`` sensors, without
-  the GPUs' own (hwmon chips named ``amdgpu``, ``nouveau``, ``i915``, ``xe``; thermal zones typed
-  ``*gpu*``: the GPU detector watches those with the vendor's limits);
+  the GPUs' own (hwmon chips the GPU records name, ``vendors.registry.HWMON_GPU_CHIPS``: ``amdgpu``,
+  ``nouveau``, ``i915``, ``xe``, ...; thermal zones typed ``*gpu*``: the GPU detector watches those with
+  the vendor's limits);
 - ``mem_avail``: ``node_memory_MemAvailable_bytes / node_memory_MemTotal_bytes``;
 - ``mem_stall``: the rate of ``node_pressure_memory_stalled_seconds_total`` (PSI "full": the share of
   the time no task could run for lack of memory), when the pressure collector is on;
@@ -16,6 +17,8 @@ Signals (``docs/anomaly-detection.md``, "Per node"), each taken only where the n
   ``kepler_node_{package,dram}_joules_total``, both modes; 0.10+ ``kepler_node_cpu_joules_total
   {zone="package"|"dram"}``); one Kepler line, 0.10+ when a node serves both. Counter resets and
   series changes restart the rate.
+
+The series' names are node-exporter's and Kepler's (``vendors.node``, ``vendors.kepler``).
 
 Rules (``NodeThresholds``, the budget file's ``anomaly.node.thresholds``): temperature at or over
 ``temp_c`` on 2 scrapes, or up ``temp_slope_c`` within ``slope_seconds`` while within 15 °C of
@@ -38,31 +41,25 @@ from typing import Any, Final
 
 from edge_relay.anomaly.signals import SCORE_DEBOUNCE, Ewma
 from schemas.model import Labels
+from vendors import kepler, registry
+from vendors import node as node_exporter
 
 NODE_KEY: Final = "node"  # the node's detector in events, metrics (gpu="node") and windows
 NODE_SIGNALS: Final = ("temp", "mem_avail", "mem_stall", "power")
 NODE_FLOORS: Final = {"temp": 2.0, "mem_avail": 0.02, "mem_stall": 0.02, "power": 10.0}
 RATE_SECONDS: Final = 15.0  # the span of the power rate
 WARM_MARGIN_C: Final = 15.0  # the slope rule counts from temp_c - this
-_GPU_CHIPS: Final = frozenset({"amdgpu", "nouveau", "i915", "xe", "radeon"})
-# Kepler 0.7's node energy counters by component (both modes are summed: dynamic + idle = all).
-_KEPLER07: Final = {
-    "kepler_node_platform_joules_total": "platform",
-    "kepler_node_package_joules_total": "package",
-    "kepler_node_dram_joules_total": "dram",
-}
-_ZONES: Final = {"psys": "platform", "platform": "platform", "package": "package", "dram": "dram"}
 # The metrics ``NodeState.take`` reads; the node's other series are only held by its window.
 SIGNAL_METRICS: Final = frozenset(
     {
-        "node_hwmon_temp_celsius",
-        "node_thermal_zone_temp",
-        "node_hwmon_chip_names",
-        "node_memory_MemAvailable_bytes",
-        "node_memory_MemTotal_bytes",
-        "node_pressure_memory_stalled_seconds_total",
-        "kepler_node_cpu_joules_total",
-        *_KEPLER07,
+        node_exporter.HWMON_TEMP,
+        node_exporter.THERMAL_ZONE_TEMP,
+        node_exporter.HWMON_CHIP_NAMES,
+        node_exporter.MEM_AVAILABLE,
+        node_exporter.MEM_TOTAL,
+        node_exporter.MEM_STALLED,
+        kepler.NODE_ENERGY_010,
+        *kepler.NODE_ENERGY_07,
     }
 )
 
@@ -157,25 +154,26 @@ class NodeState:
         """One sample of a node series (not NaN)."""
         if not self.ts:
             self.ts = ts
-        if name == "node_hwmon_temp_celsius" or name == "node_thermal_zone_temp":
+        if name == node_exporter.HWMON_TEMP or name == node_exporter.THERMAL_ZONE_TEMP:
             self.temps[labels] = value
-        elif name == "node_hwmon_chip_names":
+        elif name == node_exporter.HWMON_CHIP_NAMES:
             d = dict(labels)
-            if d.get("chip_name") in _GPU_CHIPS:
+            if d.get("chip_name") in registry.HWMON_GPU_CHIPS:
                 self.gpu_chips.add(d.get("chip", ""))
-        elif name == "node_memory_MemAvailable_bytes":
+        elif name == node_exporter.MEM_AVAILABLE:
             self.mem["avail"] = value
-        elif name == "node_memory_MemTotal_bytes":
+        elif name == node_exporter.MEM_TOTAL:
             self.mem["total"] = value
-        elif name == "node_pressure_memory_stalled_seconds_total":
+        elif name == node_exporter.MEM_STALLED:
             prev = self.counters.get(labels)
             self.counters[labels] = (ts, value)
             if prev is not None and ts > prev[0] and value >= prev[1]:
                 self.x["mem_stall"] = (value - prev[1]) / ((ts - prev[0]) / 1000)
         else:
-            comp, version = _KEPLER07.get(name), "0.7"
-            if comp is None and name == "kepler_node_cpu_joules_total":
-                comp, version = _ZONES.get(dict(labels).get("zone", "").lower()), "0.10"
+            comp, version = kepler.NODE_ENERGY_07.get(name), "0.7"
+            if comp is None and name == kepler.NODE_ENERGY_010:
+                zone = dict(labels).get(kepler.NODE_ENERGY_ZONE_LABEL, "")
+                comp, version = kepler.NODE_ENERGY_ZONES.get(zone.lower()), "0.10"
             if comp is not None:
                 energy = self.energy.setdefault(version, {})
                 energy[comp] = energy.get(comp, 0.0) + value

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
 from datetime import time as dt_time
 from functools import cache
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from edge_relay.anomaly.detector import AnomalyConfig
@@ -29,6 +29,8 @@ from edge_relay.anomaly.detector import parse_config as parse_anomaly
 from relay_common import config as config_loader
 from relay_common.config import ConfigError
 from schemas.model import Labels, metric_name
+from vendors import registry
+from vendors.record import Preset
 
 SCHEMA = "bandwidth-budget.schema.json"
 DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")  # index = datetime.weekday()
@@ -216,157 +218,11 @@ class Budget:
 
 
 # --------------------------------------------------------------------------------------------------
-# Presets
+# Presets: each exporter's record's (vendors.registry), in the schema's order.
 
-
-@dataclass(frozen=True, slots=True)
-class Preset:
-    """Built-in matchers for one exporter's series (names fully matched), and its unsuffixed counters."""
-
-    description: str
-    names: tuple[str, ...]
-    counters: frozenset[str] = frozenset()
-
-
-def _amd_counters() -> frozenset[str]:
-    """ROCm device-metrics-exporter's monotonic families without a counter suffix (it types them all
-    gauge), with and without the Helm chart's ``amd_`` prefix. ``*_count`` ones already are counters."""
-    blocks = ("sdma", "gfx", "mmhub", "athub", "bif", "hdp", "xgmi_wafl", "df", "smn", "sem")
-    blocks += ("mp0", "mp1", "fuse", "umc", "mca", "vcn", "jpeg", "ih", "mpio")
-    names = {"gpu_energy_consumed", "gpu_violation_current_accumulated_counter"}
-    names |= {f"gpu_ecc_{kind}_{block}" for kind in ("correct", "uncorrect", "deferred") for block in blocks}
-    names |= {
-        f"gpu_violation_{what}_accumulated"
-        for what in (
-            "processor_hot_residency",
-            "ppt_residency",
-            "socket_thermal_residency",
-            "vr_thermal_residency",
-            "hbm_thermal_residency",
-        )
-    }
-    return frozenset(names | {f"amd_{n}" for n in names})
-
-
-# Names taken from the exporters the simulator and tests/fixtures reproduce (Kepler 0.7.12 and 0.11,
-# dcgm-exporter's default counters, node_exporter, ROCm device-metrics-exporter 1.5, XPU Manager 2.x
-# xpumd and 1.x, jetson_stats_node_exporter 0.1.3); tests/test_budget.py and tests/test_vendors.py keep
-# them in step.
-PRESETS: dict[str, Preset] = {
-    "kepler": Preset(
-        "every Kepler series: 0.7's kepler_{container,node,...}_*_joules_total and 0.10+'s "
-        "kepler_{node,container,pod,process,vm}_*_{watts,joules_total}, the GPU ones included "
-        "(kepler_node_gpu_*, kepler_{container,pod,process}_gpu_*: 0.11 with experimental.gpu.enabled), "
-        "plus their info series",
-        ("kepler_.+",),
-        # Kepler 0.7 declares its info series a counter.
-        frozenset({"kepler_node_info"}),
-    ),
-    "kepler-gpu": Preset(
-        "Kepler's GPU power and energy only: kepler_node_gpu_* (info included) and "
-        "kepler_{container,pod,process,vm}_gpu_* (0.11 with experimental.gpu.enabled; 0.7's GPU counters)",
-        ("kepler_(node|container|pod|process|vm)_gpu_.+",),
-    ),
-    "dcgm": Preset(
-        "every dcgm-exporter series (DCGM_FI_*)",
-        ("DCGM_FI_.+",),
-        # dcgm-exporter's counters keep DCGM's field names: upper case, mostly without a _total suffix.
-        frozenset(
-            {
-                "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
-                "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
-                "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-                "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
-                "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-                "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
-                "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-                "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-                "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-                "DCGM_FI_DEV_RETIRED_SBE",
-                "DCGM_FI_DEV_RETIRED_DBE",
-                "DCGM_FI_DEV_RETIRED_PENDING",
-                "DCGM_FI_DEV_POWER_VIOLATION",
-                "DCGM_FI_DEV_THERMAL_VIOLATION",
-                "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
-                "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
-                "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
-                "DCGM_FI_DEV_RELIABILITY_VIOLATION",
-                "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
-                "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
-                "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
-                "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
-            }
-        ),
-    ),
-    "dcgm-critical": Preset(
-        "the GPU series alerts need at full resolution: temperature, utilisation, memory used/free, "
-        "power usage and limit, XID errors",
-        # POWER_MGMT_LIMIT: deploy/prometheus/rules/gpu.rules.yml divides the power usage by it.
-        (
-            "DCGM_FI_DEV_(GPU_TEMP|MEMORY_TEMP|GPU_UTIL|MEM_COPY_UTIL|FB_USED|FB_FREE|POWER_USAGE"
-            "|POWER_MGMT_LIMIT|XID_ERRORS)",
-        ),
-    ),
-    # ROCm device-metrics-exporter: lower-case gpu_* / pcie_* / xgmi_* (amd_* with the Helm chart's
-    # MetricsFieldPrefix). Lower case only: Jetson's gpu_utilization_percentage_Hz is not AMD's.
-    "amd": Preset(
-        "every ROCm device-metrics-exporter series: gpu_*, pcie_*, xgmi_* (and amd_gpu_*, ... with the "
-        "Helm chart's MetricsFieldPrefix amd_)",
-        ("(amd_)?(gpu|pcie|xgmi)_[a-z0-9_]+",),
-        # Every family is a gauge there, accumulators too: energy (µJ), ECC counts, violation residency.
-        _amd_counters(),
-    ),
-    "amd-critical": Preset(
-        "the AMD GPU series alerts need at full resolution: temperature, utilisation, VRAM, power, "
-        "ECC error totals",
-        (
-            "(amd_)?gpu_(junction|edge|memory|hbm)_temperature|(amd_)?gpu_(gfx|umc)_activity"
-            "|(amd_)?gpu_(used|free|total)_vram|(amd_)?gpu_(package_power|average_package_power|power_usage)"
-            "|(amd_)?gpu_ecc_(correct|uncorrect)_total",
-        ),
-    ),
-    # XPU Manager 2.x xpumd (OpenTelemetry hardware names) and the 1.x exporter's xpum_*.
-    "intel": Preset(
-        "every Intel XPU Manager series: 2.x xpumd's hw_{power,energy,temperature,gpu,memory,frequency,"
-        "errors}_* and hw_status, 1.x's xpum_*",
-        ("hw_status|hw_(energy|errors|frequency|gpu|memory|power|temperature)_[a-z0-9_]+", "xpum_[a-z0-9_]+"),
-    ),
-    "intel-critical": Preset(
-        "the Intel GPU series alerts need at full resolution: temperature, utilisation, memory used and "
-        "size, power, RAS errors (2.x hw_* and 1.x xpum_*)",
-        (
-            "hw_(temperature_celsius|gpu_utilization_ratio|memory_usage_bytes|memory_size_bytes|power_watts"
-            "|errors_total)",
-            "xpum_(temperature_celsius|engine_ratio|memory_used_bytes|memory_ratio|power_watts"
-            "|(cache|non_compute|programming|driver)_errors_total|resets_total)",
-        ),
-    ),
-    # jetson_stats_node_exporter (jtop): its own families; its Python process_* / python_* are not in.
-    "jetson": Preset(
-        "every jetson_stats_node_exporter series: cpu_Hz, gpu_utilization_percentage_Hz, emc_Hz (kHz, "
-        "despite the names), ram_kB, gpuram_kB, swap_kB, temperature_C, integrated_power, "
-        "integrated_power_mW, disk_GB, uptime_s",
-        (
-            "cpu_Hz|gpu_utilization_percentage_Hz|emc_Hz|ram_kB|gpuram_kB|swap_kB|temperature_C"
-            "|integrated_power|integrated_power_mW|disk_GB|uptime_s",
-        ),
-        # A clock typed gauge: sent as its last value, never averaged.
-        frozenset({"uptime_s"}),
-    ),
-    "jetson-critical": Preset(
-        "the Jetson series alerts need at full resolution: temperatures, GPU frequency (the exporter has "
-        "no GPU load), GPU and system memory, module power (Jetson reports no error counters)",
-        ("temperature_C|gpu_utilization_percentage_Hz|gpuram_kB|ram_kB|integrated_power_mW",),
-    ),
-    "node": Preset("every node_exporter series (node_*)", ("node_.+",)),
-    "scrape-health": Preset(
-        "the series every scrape adds: up, scrape_duration_seconds, scrape_samples_scraped",
-        ("up|scrape_duration_seconds|scrape_samples_scraped",),
-    ),
-}
-
+PRESETS: Final[Mapping[str, Preset]] = registry.PRESETS
 # A name that is a counter in its exporter is one whichever class it lands in (a catch-all class too).
-PRESET_COUNTERS: frozenset[str] = frozenset().union(*(p.counters for p in PRESETS.values()))
+PRESET_COUNTERS: Final = registry.PRESET_COUNTERS
 
 
 @cache

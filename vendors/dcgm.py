@@ -1,0 +1,170 @@
+"""NVIDIA dcgm-exporter: DCGM's fields as DCGM_FI_* series, one per GPU (label ``gpu``, DCGM's index).
+
+Its counters keep DCGM's field names: upper case, mostly without a ``_total`` suffix. Frame buffer in
+MiB, utilisation in %, clocks in MHz; the series carry the pod holding the GPU (``pod``, ``namespace``,
+``container``), and the GPU's model in ``modelName``. Kepler's GPU series are read through NVML on the
+same GPUs (``vendors.kepler``), so the detector counts them as this exporter's.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from vendors import kepler
+from vendors.record import (
+    Bits,
+    Code,
+    Counter,
+    Exporter,
+    Flag,
+    Gauge,
+    GpuSignals,
+    ModelLimits,
+    PodJoin,
+    Preset,
+    RuleDefaults,
+    RuleSection,
+    rule,
+)
+
+SAMPLE: Final = "dcgm-exporter-sample.prom"
+
+# The simulator's and the fixture's GPU; its figures are the detector's defaults (the bench's rules:all).
+A100_80GB_PCIE: Final = ModelLimits(
+    gpu_temp_c=85.0,
+    memory_temp_c=92.0,
+    power_limit=300.0,
+    memory_bytes=80 << 30,
+    served_as=("NVIDIA A100 80GB PCIe",),
+    source="the detector's defaults (bench/anomaly_bench.py rules:all); 300 W board, 80 GiB",
+)
+
+# Clock throttle / clock event reasons that are faults: SW power cap 0x4, HW slowdown 0x8, SW / HW thermal
+# 0x20 / 0x40, power brake 0x80 (idle, application clocks and sync boost are ordinary).
+THROTTLE_MASK: Final = 0xEC
+
+# The recording rules' power limit where the exporter serves no DCGM_FI_DEV_POWER_MGMT_LIMIT: 280 W alerts.
+NOMINAL_POWER_LIMIT_W: Final = 295
+
+
+def _owns(name: str) -> bool:
+    # Kepler's GPU series carry dcgm's (NVML's) index in `gpu`.
+    return name.startswith("DCGM_FI_") or kepler.is_gpu_series(name)
+
+
+RECORD: Final = Exporter(
+    name="dcgm",
+    vendor="nvidia",
+    presets={
+        "dcgm": Preset(
+            "every dcgm-exporter series (DCGM_FI_*)",
+            ("DCGM_FI_.+",),
+            frozenset(
+                {
+                    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+                    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+                    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+                    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+                    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+                    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+                    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+                    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+                    "DCGM_FI_DEV_RETIRED_SBE",
+                    "DCGM_FI_DEV_RETIRED_DBE",
+                    "DCGM_FI_DEV_RETIRED_PENDING",
+                    "DCGM_FI_DEV_POWER_VIOLATION",
+                    "DCGM_FI_DEV_THERMAL_VIOLATION",
+                    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION",
+                    "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION",
+                    "DCGM_FI_DEV_LOW_UTIL_VIOLATION",
+                    "DCGM_FI_DEV_RELIABILITY_VIOLATION",
+                    "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+                    "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+                    "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+                    "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+                }
+            ),
+            summary="every DCGM_FI_* series",
+        ),
+        "dcgm-critical": Preset(
+            "the GPU series alerts need at full resolution: temperature, utilisation, memory used/free, "
+            "power usage and limit, XID errors",
+            # POWER_MGMT_LIMIT: the recording rules divide the power usage by it.
+            (
+                "DCGM_FI_DEV_(GPU_TEMP|MEMORY_TEMP|GPU_UTIL|MEM_COPY_UTIL|FB_USED|FB_FREE|POWER_USAGE"
+                "|POWER_MGMT_LIMIT|XID_ERRORS)",
+            ),
+            summary="GPU temperature, utilisation, memory used/free, power usage and limit, XID errors",
+        ),
+    },
+    gpu=GpuSignals(
+        owns=_owns,
+        gpu_labels=("gpu",),
+        model_label="modelName",
+        models={"A100 80GB PCIe": A100_80GB_PCIE},
+        default_model="A100 80GB PCIe",
+        rules=RuleDefaults(power_fraction=0.97, memory_fraction=0.95),
+        pods=PodJoin(series_prefix="DCGM_"),
+        readings=(
+            Gauge("kepler_node_gpu_watts", "kepler_watts"),
+            Gauge("DCGM_FI_DEV_GPU_TEMP", "temp"),
+            Gauge("DCGM_FI_DEV_MEMORY_TEMP", "mem_temp"),
+            Gauge("DCGM_FI_DEV_POWER_USAGE", "power"),
+            Gauge("DCGM_FI_DEV_POWER_MGMT_LIMIT", "power_limit"),
+            Gauge("DCGM_FI_DEV_FB_USED", "fb"),
+            Gauge("DCGM_FI_DEV_FB_FREE", "fb_free"),
+            Gauge("DCGM_FI_DEV_FB_RESERVED", "fb_reserved"),
+            Gauge("DCGM_FI_DEV_GPU_UTIL", "util"),
+            Gauge("DCGM_FI_DEV_SM_CLOCK", "clock"),
+            Code("DCGM_FI_DEV_XID_ERRORS", "xid", "xid"),
+            Bits("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", "throttle", "throttle", THROTTLE_MASK),
+            Bits("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", "throttle", "throttle", THROTTLE_MASK),
+            Flag("DCGM_FI_DEV_ROW_REMAP_FAILURE", "remap", "row_remap_failure"),
+            Counter("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", "remap", "remapped_rows"),
+            Counter("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "remap", "remapped_rows"),
+            Counter("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "ecc", "ecc_sbe"),
+            Counter("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "ecc", "ecc_dbe"),
+            Counter("DCGM_FI_DEV_RETIRED_SBE", "ecc", "retired_sbe"),
+            Counter("DCGM_FI_DEV_RETIRED_DBE", "ecc", "retired_dbe"),
+            Counter("DCGM_FI_DEV_POWER_VIOLATION", "power", "power_violation"),
+            Counter("DCGM_FI_DEV_THERMAL_VIOLATION", "thermal", "thermal_violation"),
+        ),
+    ),
+    rules=(
+        RuleSection(
+            "NVIDIA: dcgm-exporter",
+            notes="Frame buffer in MiB, utilisation in %, clocks in MHz. Without "
+            f"DCGM_FI_DEV_POWER_MGMT_LIMIT the limit is {NOMINAL_POWER_LIMIT_W} W (so 280 W alerts; "
+            "A100/H100 PCIe boards are limited to 300-350 W).",
+            rules=(
+                rule("gpu:temperature_celsius", "DCGM_FI_DEV_GPU_TEMP"),
+                rule("gpu:utilization_ratio", "DCGM_FI_DEV_GPU_UTIL / 100"),
+                rule("gpu:memory_used_bytes", "DCGM_FI_DEV_FB_USED * 1048576"),
+                rule("gpu:memory_total_bytes", "(DCGM_FI_DEV_FB_USED + DCGM_FI_DEV_FB_FREE) * 1048576"),
+                rule("gpu:power_watts", "DCGM_FI_DEV_POWER_USAGE"),
+                rule(
+                    "gpu:power_limit_watts",
+                    "DCGM_FI_DEV_POWER_MGMT_LIMIT or "
+                    f"(DCGM_FI_DEV_POWER_USAGE * 0 + {NOMINAL_POWER_LIMIT_W})",
+                ),
+                rule("gpu:clock_hertz", "DCGM_FI_DEV_SM_CLOCK * 1e6"),
+                rule(
+                    "gpu:errors:rate5m",
+                    "rate(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS[5m])",
+                    "Rows remapped after memory errors (real counters), and new XID errors (a gauge "
+                    "holding the last XID: each change is a new error).",
+                    error_type="uncorrectable",
+                ),
+                rule(
+                    "gpu:errors:rate5m",
+                    "rate(DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS[5m])",
+                    error_type="correctable",
+                ),
+                rule("gpu:errors:rate5m", "changes(DCGM_FI_DEV_XID_ERRORS[5m]) / 300", error_type="xid"),
+            ),
+        ),
+    ),
+    samples=(SAMPLE,),
+    hwmon_chips=frozenset({"nouveau"}),  # the open driver's
+)

@@ -32,6 +32,16 @@ def is_stale(value: float) -> bool:
     return math.isnan(value) and float_bits(value) == STALE_NAN_BITS
 
 
+# Prometheus' naming conventions for cumulative series: a counter, or a histogram's or summary's parts.
+COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
+
+
+def is_counter(name: str, extra_counters: frozenset[str] = frozenset()) -> bool:
+    """A metric name that only goes up (resets aside): by its suffix, or named in ``extra_counters``
+    (exporters' counters without a counter suffix; the vendor registry lists them)."""
+    return name.endswith(COUNTER_SUFFIXES) or name in extra_counters
+
+
 def metric_name(labels: Labels) -> str:
     for name, value in labels:
         if name == "__name__":

@@ -30,10 +30,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge_relay.budget import PRESET_COUNTERS, PRESETS
-from edge_relay.budget.model import is_counter
 from edge_relay.budget.model import parse as parse_budget
 from edge_relay.collect.parse import parse
-from schemas.model import metric_name
+from schemas.model import is_counter, metric_name
 from simulator import ALL_EXPORTERS, EXPORTERS, GPU_EXPORTERS, VENDORS, Simulator, data_path, start_in_thread
 from simulator.base import DEFAULT_PORTS
 from testkit.oracle import compare, expected_samples, read_served_log

@@ -23,7 +23,6 @@ from edge_relay.budget.model import (
     BURST_DEFAULT_MAX,
     BURST_FACTOR,
     BURST_WINDOWS,
-    COUNTER_SUFFIXES,
     DAYS,
     FRAMING_ROOM_BYTES,
     IMPLICIT_CLASS,
@@ -40,10 +39,10 @@ from edge_relay.budget.model import (
     Preset,
     RateWindow,
     UplinkBudget,
-    is_counter,
     load,
     parse,
 )
+from schemas.model import COUNTER_SUFFIXES, is_counter
 
 __all__ = [
     "BURST_DEFAULT_MAX",

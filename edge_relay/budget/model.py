@@ -45,15 +45,9 @@ IMPLICIT_MAX_RESOLUTION_S = 300.0
 
 Aggregation = Literal["last", "avg", "min", "max"]
 
+
 # Names that are counters whatever their class says (Prometheus naming conventions); a counter is always
 # aggregated as its last value, keeping the sample before a reset so rate() stays right.
-COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
-
-
-def is_counter(name: str, extra_counters: frozenset[str] = frozenset()) -> bool:
-    return name.endswith(COUNTER_SUFFIXES) or name in extra_counters
-
-
 @dataclass(frozen=True, slots=True)
 class Matcher:
     """All of: ``__name__`` fully matches ``name`` (None: any), and each label fully matches its regex

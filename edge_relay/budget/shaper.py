@@ -27,9 +27,9 @@ import math
 from array import array
 from dataclasses import dataclass
 
-from edge_relay.budget.model import Budget, ClassPolicy, is_counter
+from edge_relay.budget.model import Budget, ClassPolicy
 from edge_relay.collect.shape import ShapedScrape
-from schemas.model import Labels, is_stale, metric_name
+from schemas.model import Labels, is_counter, is_stale, metric_name
 
 _NAN = float("nan")
 # How an open window folds its samples.

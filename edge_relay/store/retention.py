@@ -25,12 +25,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from edge_relay.budget.model import PRESET_COUNTERS, is_counter
 from edge_relay.ledger import LossReason, LossRecord
 from edge_relay.store.encoder import Encoder
 from edge_relay.store.spool import InFlight, Order, Replacement, Spool, SpoolRow
 from schemas import codec
-from schemas.model import Batch, Labels, ScrapeBlock, is_stale, metric_name
+from schemas.model import Batch, Labels, ScrapeBlock, is_counter, is_stale, metric_name
+from vendors.registry import PRESET_COUNTERS
 
 log = logging.getLogger("edge_relay.retention")
 

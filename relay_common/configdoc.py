@@ -1,20 +1,23 @@
-"""Markdown reference of every config key, generated from the JSON Schemas (the README embeds it).
+"""Markdown reference of every config key, generated from the JSON Schemas (``docs/configuration.md``).
 
 Covers both programs' configs and the edge relay's bandwidth-budget file.
 
-``python -m relay_common.configdoc`` prints it, ``--update README.md`` rewrites the README's sections
-between ``<!-- config:NAME -->`` markers; a test keeps the README in step with the schemas.
+``python -m relay_common.configdoc`` prints it, ``--update docs/configuration.md`` rewrites that file's
+sections between ``<!-- config:NAME -->`` markers; a test keeps the file in step with the schemas.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from relay_common import docsections
 from relay_common.config import load_schema
+
+TAG = "config"
+DOCUMENT = "docs/configuration.md"
 
 SCHEMAS = {
     "edge-relay": "edge-relay-config.schema.json",
@@ -39,7 +42,7 @@ def _rows(schema: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, st
     for name, sub in schema.get("properties", {}).items():
         key = f"{prefix}{name}"
         default = "required" if name in required else json.dumps(sub["default"]) if "default" in sub else ""
-        description = sub.get("description", "").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+        description = docsections.cell(sub.get("description", ""))
         yield key, _type(sub), default, description
         if sub.get("type") == "object" and "properties" in sub:
             yield from _rows(sub, f"{key}.")
@@ -56,26 +59,27 @@ def markdown(program: str) -> str:
 
 
 def section(program: str) -> str:
-    return f"<!-- config:{program} -->\n{markdown(program)}\n<!-- /config:{program} -->"
+    return docsections.section(TAG, program, markdown(program))
+
+
+def bodies() -> dict[str, str]:
+    """Each section's table, by program."""
+    return {program: markdown(program) for program in SCHEMAS}
 
 
 def update(text: str) -> str:
-    for program in SCHEMAS:
-        pattern = re.compile(rf"<!-- config:{program} -->.*?<!-- /config:{program} -->", re.S)
-        text = pattern.sub(lambda _m, p=program: section(p), text)
-    return text
+    return docsections.replace(text, TAG, bodies())
 
 
-def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--update":
-        with open(sys.argv[2], encoding="utf-8") as f:
-            text = f.read()
-        with open(sys.argv[2], "w", encoding="utf-8") as f:
-            f.write(update(text))
-        return
-    for program in SCHEMAS:
-        print(section(program) + "\n")
+def main(argv: Sequence[str] = ()) -> None:
+    docsections.main(
+        argv,
+        prog="python -m relay_common.configdoc",
+        description=f"Config reference generated from the JSON Schemas ({DOCUMENT}).",
+        tag=TAG,
+        bodies=bodies,
+    )
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -52,33 +52,26 @@ def _rows(schema: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, st
 
 def markdown(program: str) -> str:
     schema = load_schema(SCHEMAS[program])
-    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for key, typ, default, desc in _rows(schema):
-        lines.append(f"| `{key}` | {typ} | {f'`{default}`' if default else ''} | {desc} |")
-    return "\n".join(lines)
+    rows = (
+        (f"`{key}`", typ, f"`{default}`" if default else "", desc)
+        for key, typ, default, desc in _rows(schema)
+    )
+    return docsections.table(("key", "type", "default", "meaning"), rows)
 
 
-def section(program: str) -> str:
-    return docsections.section(TAG, program, markdown(program))
-
-
-def bodies() -> dict[str, str]:
-    """Each section's table, by program."""
-    return {program: markdown(program) for program in SCHEMAS}
-
-
-def update(text: str) -> str:
-    return docsections.replace(text, TAG, bodies())
+REFERENCE = docsections.Reference(
+    tag=TAG,
+    document=DOCUMENT,
+    names=tuple(SCHEMAS),
+    markdown=markdown,
+    description="Config reference generated from the JSON Schemas",
+)
+section = REFERENCE.section
+update = REFERENCE.update
 
 
 def main(argv: Sequence[str] = ()) -> None:
-    docsections.main(
-        argv,
-        prog="python -m relay_common.configdoc",
-        description=f"Config reference generated from the JSON Schemas ({DOCUMENT}).",
-        tag=TAG,
-        bodies=bodies,
-    )
+    REFERENCE.main(argv, prog="python -m relay_common.configdoc")
 
 
 if __name__ == "__main__":

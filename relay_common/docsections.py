@@ -1,7 +1,7 @@
 """Generated sections of the docs: text between ``<!-- TAG:NAME -->`` and ``<!-- /TAG:NAME -->`` markers.
 
 The references in ``docs/`` (config keys, self-metrics) are generated from declarations; each generator
-names its sections and their bodies, and this module prints them, writes them into a Markdown file
+is a ``Reference`` (its sections and how to draw one), which prints them, writes them into a Markdown file
 between their markers, or reads one back for the tests that keep the docs current. Text outside the
 markers is the writer's and is never touched.
 """
@@ -11,13 +11,21 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 
 def cell(text: str) -> str:
     """``text`` made safe for a Markdown table cell (no column break, no HTML)."""
     return text.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def table(columns: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
+    """A Markdown table; the cells are written as given (see ``cell``)."""
+    lines = ["| " + " | ".join(columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
+    lines.extend("| " + " | ".join(row) + " |" for row in rows)
+    return "\n".join(lines)
 
 
 def section(tag: str, name: str, body: str) -> str:
@@ -42,30 +50,41 @@ def extract(text: str, tag: str, name: str) -> str | None:
     return text.split(start, 1)[1].split(end, 1)[0].strip("\n")
 
 
-def main(
-    argv: Sequence[str],
-    *,
-    prog: str,
-    description: str,
-    tag: str,
-    bodies: Callable[[], Mapping[str, str]],
-) -> None:
-    """The generators' command line: print every section, or ``--update FILE`` to rewrite them in place."""
-    parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument(
-        "--update",
-        metavar="FILE",
-        type=Path,
-        help="rewrite the sections between their markers in this Markdown file instead of printing them",
-    )
-    args = parser.parse_args(argv)
-    generated = bodies()
-    if args.update is None:
-        for name, body in generated.items():
-            print(section(tag, name, body) + "\n")
-        return
-    text = args.update.read_text(encoding="utf-8")
-    missing = [name for name in generated if extract(text, tag, name) is None]
-    if missing:
-        sys.exit(f"{args.update}: no <!-- {tag}:NAME --> markers for {', '.join(missing)}")
-    args.update.write_text(replace(text, tag, generated), encoding="utf-8")
+@dataclass(frozen=True)
+class Reference:
+    """One generated reference: its sections (by name) in one document, and its command line."""
+
+    tag: str
+    document: str
+    names: tuple[str, ...]
+    markdown: Callable[[str], str]
+    description: str
+
+    def section(self, name: str) -> str:
+        return section(self.tag, name, self.markdown(name))
+
+    def bodies(self) -> dict[str, str]:
+        return {name: self.markdown(name) for name in self.names}
+
+    def update(self, text: str) -> str:
+        return replace(text, self.tag, self.bodies())
+
+    def main(self, argv: Sequence[str], prog: str) -> None:
+        """Print every section, or ``--update FILE`` to rewrite them in place."""
+        parser = argparse.ArgumentParser(prog=prog, description=f"{self.description} ({self.document}).")
+        parser.add_argument(
+            "--update",
+            metavar="FILE",
+            type=Path,
+            help="rewrite the sections between their markers in this Markdown file instead of printing them",
+        )
+        args = parser.parse_args(argv)
+        if args.update is None:
+            for name in self.names:
+                print(self.section(name) + "\n")
+            return
+        text = args.update.read_text(encoding="utf-8")
+        missing = [name for name in self.names if extract(text, self.tag, name) is None]
+        if missing:
+            sys.exit(f"{args.update}: no <!-- {self.tag}:NAME --> markers for {', '.join(missing)}")
+        args.update.write_text(self.update(text), encoding="utf-8")

@@ -80,30 +80,25 @@ def declared(program: str) -> list[Declared]:
 
 
 def markdown(program: str) -> str:
-    lines = ["| metric | type | labels | meaning |", "| --- | --- | --- | --- |"]
-    for m in declared(program):
-        labels = ", ".join(f"`{label}`" for label in m.labels)
-        lines.append(f"| `{m.name}` | {m.type} | {labels} | {docsections.cell(m.help)} |")
-    return "\n".join(lines)
+    rows = (
+        (f"`{m.name}`", m.type, ", ".join(f"`{label}`" for label in m.labels), docsections.cell(m.help))
+        for m in declared(program)
+    )
+    return docsections.table(("metric", "type", "labels", "meaning"), rows)
 
 
-def section(program: str) -> str:
-    return docsections.section(TAG, program, markdown(program))
-
-
-def bodies() -> dict[str, str]:
-    """Each section's table, by program."""
-    return {program: markdown(program) for program in PROGRAMS}
+REFERENCE = docsections.Reference(
+    tag=TAG,
+    document=DOCUMENT,
+    names=tuple(PROGRAMS),
+    markdown=markdown,
+    description="Self-metrics reference generated from the metrics' declarations",
+)
+section = REFERENCE.section
 
 
 def main(argv: Sequence[str] = ()) -> None:
-    docsections.main(
-        argv,
-        prog="python -m relay_common.metricsdoc",
-        description=f"Self-metrics reference generated from the metrics' declarations ({DOCUMENT}).",
-        tag=TAG,
-        bodies=bodies,
-    )
+    REFERENCE.main(argv, prog="python -m relay_common.metricsdoc")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,23 @@
-"""Markdown reference of every config key, generated from the JSON Schemas (the README embeds it).
+"""Markdown reference of every config key, generated from the JSON Schemas (``docs/configuration.md``).
 
 Covers both programs' configs and the edge relay's bandwidth-budget file.
 
-``python -m relay_common.configdoc`` prints it, ``--update README.md`` rewrites the README's sections
-between ``<!-- config:NAME -->`` markers; a test keeps the README in step with the schemas.
+``python -m relay_common.configdoc`` prints it, ``--update docs/configuration.md`` rewrites that file's
+sections between ``<!-- config:NAME -->`` markers; a test keeps the file in step with the schemas.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from relay_common import docsections
 from relay_common.config import load_schema
+
+TAG = "config"
+DOCUMENT = "docs/configuration.md"
 
 SCHEMAS = {
     "edge-relay": "edge-relay-config.schema.json",
@@ -39,7 +42,7 @@ def _rows(schema: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, st
     for name, sub in schema.get("properties", {}).items():
         key = f"{prefix}{name}"
         default = "required" if name in required else json.dumps(sub["default"]) if "default" in sub else ""
-        description = sub.get("description", "").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+        description = docsections.cell(sub.get("description", ""))
         yield key, _type(sub), default, description
         if sub.get("type") == "object" and "properties" in sub:
             yield from _rows(sub, f"{key}.")
@@ -49,33 +52,27 @@ def _rows(schema: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, st
 
 def markdown(program: str) -> str:
     schema = load_schema(SCHEMAS[program])
-    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-    for key, typ, default, desc in _rows(schema):
-        lines.append(f"| `{key}` | {typ} | {f'`{default}`' if default else ''} | {desc} |")
-    return "\n".join(lines)
+    rows = (
+        (f"`{key}`", typ, f"`{default}`" if default else "", desc)
+        for key, typ, default, desc in _rows(schema)
+    )
+    return docsections.table(("key", "type", "default", "meaning"), rows)
 
 
-def section(program: str) -> str:
-    return f"<!-- config:{program} -->\n{markdown(program)}\n<!-- /config:{program} -->"
+REFERENCE = docsections.Reference(
+    tag=TAG,
+    document=DOCUMENT,
+    names=tuple(SCHEMAS),
+    markdown=markdown,
+    description="Config reference generated from the JSON Schemas",
+)
+section = REFERENCE.section
+update = REFERENCE.update
 
 
-def update(text: str) -> str:
-    for program in SCHEMAS:
-        pattern = re.compile(rf"<!-- config:{program} -->.*?<!-- /config:{program} -->", re.S)
-        text = pattern.sub(lambda _m, p=program: section(p), text)
-    return text
-
-
-def main() -> None:
-    if len(sys.argv) == 3 and sys.argv[1] == "--update":
-        with open(sys.argv[2], encoding="utf-8") as f:
-            text = f.read()
-        with open(sys.argv[2], "w", encoding="utf-8") as f:
-            f.write(update(text))
-        return
-    for program in SCHEMAS:
-        print(section(program) + "\n")
+def main(argv: Sequence[str] = ()) -> None:
+    REFERENCE.main(argv, prog="python -m relay_common.configdoc")
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

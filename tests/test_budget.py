@@ -402,14 +402,14 @@ def test_schema_presets_are_the_code_presets() -> None:
     assert schema["properties"]["classes"]["items"]["properties"]["preset"]["enum"] == list(PRESETS)
 
 
-def test_readme_documents_the_budget_file() -> None:
+def test_docs_document_the_budget_file() -> None:
     assert configdoc.SCHEMAS["bandwidth-budget"] == SCHEMA
     text = configdoc.markdown("bandwidth-budget")
     assert "| `uplink.sustained_bytes_per_second` | integer | `required` |" in text
     assert "| `classes[].match[].labels` | map of string |  |" in text
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "## Bandwidth budget file reference" in readme
-    assert configdoc.section("bandwidth-budget") in readme
+    doc = (ROOT / configdoc.DOCUMENT).read_text(encoding="utf-8")
+    assert "## Bandwidth budget file reference" in doc
+    assert configdoc.section("bandwidth-budget") in doc
 
 
 def test_relay_config_budget_file_resolves_beside_the_config(tmp_path: Path) -> None:

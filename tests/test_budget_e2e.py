@@ -241,7 +241,7 @@ def test_classes_shape_as_configured(stack: Any, prometheus: Prometheus) -> None
     # Prometheus extrapolates a range's edges with the range's average slope; with samples 2 s apart
     # instead of 1 s the edges are up to 2 s wide, so a counter whose rate swings fast (the simulator's
     # containers and processes swing +-60% over 2-20 min) can miss by a little more than 1% at an
-    # unlucky moment. Measured here: 99% of answers within 1%, none beyond 1.5% (README, "Bandwidth").
+    # unlucky moment. Measured here: 99% of answers within 1%, none beyond 1.5% (docs/design.md, "Bandwidth").
     p99 = errors[int(len(errors) * 0.99) - 1]
     assert p99 <= 0.01, f"{sorted(worst)[-8:]}: 99th percentile of |rate error| {p99:.4f}"
     assert errors[-1] <= 0.015, f"{sorted(worst)[-8:]}: worst |rate error| {errors[-1]:.4f}"

@@ -653,7 +653,7 @@ def test_examples_validate_against_schemas(schema_name: str, example: Path) -> N
 
 
 # --------------------------------------------------------------------------------------------------
-# configdoc and the README
+# configdoc and docs/configuration.md
 
 
 @pytest.mark.parametrize(("program", "schema_name"), list(configdoc.SCHEMAS.items()))
@@ -696,14 +696,14 @@ def test_configdoc_main_prints_both_sections(capsys: pytest.CaptureFixture[str])
 
 
 @pytest.mark.parametrize("program", list(configdoc.SCHEMAS))
-def test_readme_config_reference_is_up_to_date(program: str) -> None:
-    readme = ROOT / "README.md"
-    assert readme.is_file(), "README.md is missing"
-    text = readme.read_text(encoding="utf-8")
+def test_docs_config_reference_is_up_to_date(program: str) -> None:
+    doc = ROOT / configdoc.DOCUMENT
+    assert doc.is_file(), f"{configdoc.DOCUMENT} is missing"
+    text = doc.read_text(encoding="utf-8")
     start, end = f"<!-- config:{program} -->", f"<!-- /config:{program} -->"
-    assert start in text and end in text, f"README.md lacks the {start} ... {end} section"
+    assert start in text and end in text, f"{configdoc.DOCUMENT} lacks the {start} ... {end} section"
     section = text.split(start, 1)[1].split(end, 1)[0]
     assert section.strip("\n") == configdoc.markdown(program), (
-        f"README.md config reference for {program} is stale: "
-        "regenerate it with `python -m relay_common.configdoc`"
+        f"{configdoc.DOCUMENT} config reference for {program} is stale: "
+        f"regenerate it with `python -m relay_common.configdoc --update {configdoc.DOCUMENT}`"
     )

@@ -1,7 +1,7 @@
 """The bandwidth-budget file: what the uplink may carry, and how each class of metrics may be shaped.
 
-Format and meaning of every key: ``schemas/bandwidth-budget.schema.json`` (and README, "Bandwidth
-budget file reference"). This module only loads and validates the file into the typed objects below
+Format and meaning of every key: ``schemas/bandwidth-budget.schema.json`` (and ``docs/configuration.md``,
+"Bandwidth budget file reference"). This module only loads and validates the file into the typed objects below
 (``UplinkBudget`` is the file's ``uplink`` section, not to be confused with ``edge_relay.uplink.mqtt.Uplink``,
 the MQTT client); ``edge_relay.budget.shaper`` applies the classes, ``edge_relay.budget.controller``
 and ``edge_relay.uplink.pacer`` enforce the uplink figures.

@@ -11,8 +11,8 @@ Two sources, each optional:
 
 Rates (drain, ETA) need two readings: a single ``status`` reads twice, ``--rate-seconds`` apart; ``--watch``
 uses the readings of the last ``RATE_WINDOW_S`` seconds since the link last went up or down. The
-rendering is ``edge_relay.commands.statusview``; ``--json`` prints ``snapshot`` (keys documented in README.md,
-"edge-relay status").
+rendering is ``edge_relay.commands.statusview``; ``--json`` prints ``snapshot`` (keys documented in
+``docs/operations.md``, "edge-relay status").
 """
 
 from __future__ import annotations

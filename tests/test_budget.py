@@ -902,6 +902,30 @@ def test_cli_plan_reports_a_failed_target(tmp_path: Path, capsys: pytest.Capture
     assert "WARNING: target gone: scrape failed" in out
 
 
+def test_cli_plan_counts_the_series_relabeling_keeps(
+    tmp_path: Path, sim_server: SimulatorServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The plan runs the relay's own collect stage: with metric_relabel_configs that keep only the GPU
+    temperatures, it plans for those (plus each target's synthetic series), not for every exposed one."""
+    config = relay_config(tmp_path, sim_server, 16384)
+    cfg = yaml.safe_load(config.read_text())
+    keep = [{"source_labels": ["__name__"], "regex": "DCGM_FI_DEV_GPU_TEMP", "action": "keep"}]
+    for target in cfg["targets"]:
+        target["metric_relabel_configs"] = keep
+    config.write_text(yaml.safe_dump(cfg))
+    assert run_cli("budget", "plan", "--config", str(config), "--json") == 0
+    rep = json.loads(capsys.readouterr().out)
+    gpus = sum(
+        1
+        for line in sim_server.simulator.render("dcgm", 0).decode().splitlines()
+        if line.startswith("DCGM_FI_DEV_GPU_TEMP{")
+    )
+    synthetic = 3 * len(cfg["targets"])  # up, scrape_duration_seconds, scrape_samples_scraped
+    assert gpus > 0 and rep["total"]["series"] == gpus + synthetic
+    assert rep["relabel_dropped_series"] > 100
+    assert "value bytes are a model" in rep["trust"]
+
+
 def test_budget_command_is_registered_in_the_real_cli() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "edge_relay.cli", "budget", "plan", "--help"],

@@ -52,6 +52,11 @@ class TargetLoop:
         self._last_error = ""
         self._relabel_error = ""
 
+    @property
+    def last_error(self) -> str:
+        """Why the last scrape failed ("" when it worked): the fetch, the parse or the relabeling."""
+        return self._last_error or self._relabel_error
+
     def run_once(self) -> ShapedScrape:
         # One wall-clock deadline for fetch and parse: a huge body's parse must not hold up the cycle,
         # and with it every other target, beyond the scrape timeout.

@@ -33,10 +33,10 @@ from typing import Any
 from edge_relay import settings as settings_mod
 from edge_relay.budget import model as budget_mod
 from edge_relay.budget.model import DAYS, Budget
-from edge_relay.collect.parse import ParseError, parse
-from edge_relay.collect.scrape import Scraper
-from edge_relay.collect.shape import ShapedScrape, TargetShaper, fill_labels_for
+from edge_relay.collect.shape import ShapedScrape
+from edge_relay.collect.targets import TargetLoop
 from edge_relay.encode.batches import series_parts
+from edge_relay.selfmetrics import RelayMetrics
 from relay_common.config import ConfigError
 from schemas import codec
 from schemas.model import Batch, Labels, ScrapeBlock
@@ -53,6 +53,14 @@ _PLAN_TIMESTAMP_MS = 1_700_000_000_000
 # A seq as a relay has after years of batches (msgpack writes it in 5 bytes, not 1).
 _PLAN_SEQ = 1 << 32
 SECONDS_PER_DAY = 86_400
+# What the estimate rests on, printed with it: the series are the relay's own (the same collect stage),
+# the bytes a sample costs are a model.
+TRUST = (
+    "series and label tables are exact for this one scrape (the relay's own scrape, relabeling and "
+    "shaping); value bytes are a model (1.0 B/sample, +0.4 per resolution doubling) measured on "
+    "simulated values: real GPU telemetry, whose power, energy and clocks change every sample, can cost "
+    "several times more; a target whose series come and go (pod churn) costs more than one scrape shows"
+)
 
 Sample = tuple[Labels, float]
 
@@ -263,26 +271,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def scrape_target(target: settings_mod.Target, s: settings_mod.Settings) -> tuple[ShapedScrape, str]:
-    """One scrape of ``target``, shaped as the relay shapes it, and the error ("" when it worked)."""
-    scraper = Scraper(
-        target.url, fmt=target.format, timeout_s=s.timeout_seconds, body_limit_bytes=s.body_limit_bytes
-    )
+    """One scrape of ``target`` through the relay's own collect stage (scrape, parse, the target's
+    ``metric_relabel_configs``, target labels, label limits), and the error ("" when it worked): the
+    plan counts the series the relay would ship, not the ones the exporter exposes."""
+    loop = TargetLoop(target, s, RelayMetrics())
     try:
-        fetched = scraper.fetch()
+        shaped = loop.run_once()
     finally:
-        scraper.close()
-    samples, error = None, fetched.error
-    if fetched.ok:
-        try:
-            samples = parse(fetched.body, fetched.content_type, sample_limit=s.sample_limit)
-        except ParseError as e:
-            error = f"cannot parse exposition: {e}"
-    shaper = TargetShaper(
-        target.name,
-        {"job": target.job, "instance": target.instance, **target.labels},
-        fill_labels_for(s.cluster, s.node, s.add_node_labels, s.external_labels),
-    )
-    return shaper.shape(fetched.timestamp_ms, samples, fetched.duration_s), error
+        loop.scraper.close()
+    return shaped, loop.last_error
 
 
 def scrape_once(s: settings_mod.Settings) -> tuple[list[ShapedScrape], dict[str, str]]:
@@ -316,6 +313,7 @@ def report(
     failed: Mapping[str, str],
     version: int = codec.FORMAT_V2,
     batch_max_bytes: int = 1_000_000,
+    relabel_dropped: int = 0,
 ) -> dict[str, Any]:
     """Everything ``plan`` prints, as data (the --json output)."""
     up = budget.uplink
@@ -368,6 +366,8 @@ def report(
         "daily_quota_bytes": up.daily_quota_bytes,
         "estimated_bytes_per_day": total * SECONDS_PER_DAY,
         "fits": fits,
+        "relabel_dropped_series": relabel_dropped,
+        "trust": TRUST,
         "warnings": warnings,
     }
 
@@ -421,6 +421,12 @@ def render_table(rep: dict[str, Any]) -> str:
     quota = f"quota {rep['daily_quota_bytes']} bytes" if rep["daily_quota_bytes"] else "no daily quota"
     per_day = rep["estimated_bytes_per_day"]
     lines.append(f"per day: {per_day:.0f} bytes ({per_day / 2**20:.1f} MiB) estimated; {quota}")
+    if rep.get("relabel_dropped_series"):
+        lines.append(
+            f"relabeling: {rep['relabel_dropped_series']} exposed series dropped by metric_relabel_configs "
+            "(not in the estimate, as the relay would not ship them)"
+        )
+    lines.append(f"trust: {rep['trust']}")
     lines.extend(f"WARNING: {w}" for w in rep["warnings"])
     if rep["fits"]:
         degraded = [f"{p['name']} to {_seconds(p['resolution_s'])}" for p in rep["classes"] if p["degraded"]]
@@ -459,6 +465,7 @@ def run_plan(args: argparse.Namespace) -> int:
         interval_s=s.interval_seconds,
         targets=len(scrapes),
         failed=failed,
+        relabel_dropped=sum(x.relabel_dropped for x in scrapes),
         version=s.format_version,
         batch_max_bytes=s.batch_max_bytes,
     )

@@ -27,20 +27,17 @@ import dataclasses
 import datetime as dt
 import itertools
 import random
-import shlex
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testkit.benchkit import ROOT, log, table, workspace, write_results
 from testkit.edge_systems import CLUSTER, EXTERNAL, Agent, Ours, System, Vm
 from testkit.oracle import (
     SYNTHETIC,
-    DrainWatch,
     SampleCounts,
     Score,
     expected_samples,
@@ -49,16 +46,9 @@ from testkit.oracle import (
     score,
 )
 from testkit.readings import ProcStats, fmt_bytes
+from testkit.rw_tap import DrainWatch
 from testkit.services import Prometheus, RawSamples
 from testkit.stack import EXPORTERS
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
 
 # ------------------------------------------------------------------------------------------ measuring
 
@@ -245,44 +235,6 @@ def fmt_lost_otherwise(r: Result) -> str:
     if r.lost_by_operator:
         text += f" (+{r.lost_by_operator:,} in the deleted spool)"
     return text
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        out = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
-        return "| " + " | ".join(out) + " |"
-
-    sep = "| " + " | ".join(["-" * widths[0]] + ["-" * (w - 1) + ":" for w in widths[1:]]) + " |"
-    return "\n".join([line(headers), sep, *(line(r) for r in rows)])
-
-
-def write_results(mode: str, report: str, started: float) -> Path:
-    """Print ``report`` with the bench's wall time (since monotonic ``started``) and command line, and
-    write it to ``bench/results/<timestamp>-<mode>.md``."""
-    report += f"\nBench wall time {(time.monotonic() - started) / 60:.1f} min; `{shlex.join(sys.argv)}`.\n"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{mode}.md"
-    path.write_text(report)
-    print(report)
-    log(f"written to {path.relative_to(ROOT)}")
-    return path
-
-
-@contextlib.contextmanager
-def workspace(arg: str | None, keep: bool, prefix: str) -> Iterator[Path]:
-    path = Path(arg) if arg else Path(tempfile.mkdtemp(prefix=prefix))
-    path.mkdir(parents=True, exist_ok=True)
-    ok = False
-    try:
-        yield path
-        ok = True
-    finally:
-        if ok and not keep and not arg:
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            log(f"working directory kept: {path}")
 
 
 # ------------------------------------------------------------------------------------------ long outage

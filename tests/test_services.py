@@ -239,7 +239,7 @@ def test_services_die_with_a_hard_killed_test_process(tmp_path: Path) -> None:
     )
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR.parent), os.environ.get("PYTHONPATH")])),
     }
     child = subprocess.Popen(
         [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env

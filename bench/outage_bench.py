@@ -47,7 +47,7 @@ from testkit.oracle import (
 )
 from testkit.readings import ProcStats, fmt_bytes
 from testkit.rw_tap import DrainWatch
-from testkit.services import Prometheus, RawSamples
+from testkit.services import Prometheus, RawSamples, now_ms
 from testkit.stack import EXPORTERS
 
 # ------------------------------------------------------------------------------------------ measuring
@@ -517,10 +517,6 @@ class Fault:
         return Simple(self.run)
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 @contextlib.contextmanager
 def _relay_env(env: dict[str, str]) -> Iterator[None]:
     """While ``Ours.start_edge`` runs: the relay's ``Program`` gets ``env`` (kept for its restarts)."""
@@ -548,11 +544,11 @@ def _fault_window(
     begin: Callable[[], object], end: Callable[[], object], seconds: float
 ) -> tuple[int, int, list[int]]:
     """``begin()``, wait ``seconds``, ``end()``; returns the fault's start and end (unix ms)."""
-    t0 = _now_ms()
+    t0 = now_ms()
     begin()
     time.sleep(seconds)
     end()
-    return t0, _now_ms(), []
+    return t0, now_ms(), []
 
 
 def fault_broker_restart(s: Ours, seconds: float, rng: random.Random) -> tuple[int, int, list[int]]:
@@ -580,7 +576,7 @@ RELAY_KILLS = 5
 
 def fault_relay_sigkill(s: Ours, seconds: float, rng: random.Random) -> tuple[int, int, list[int]]:
     """SIGKILL the relay at a random instant in each fifth of the window; restart it at once."""
-    t0 = _now_ms()
+    t0 = now_ms()
     kills = []
     slot = seconds / RELAY_KILLS
     for _ in range(RELAY_KILLS):
@@ -588,11 +584,11 @@ def fault_relay_sigkill(s: Ours, seconds: float, rng: random.Random) -> tuple[in
         time.sleep(delay)
         if not s.relay.alive():
             raise RuntimeError(f"edge-relay died by itself:\n{s.relay.log_tail()}")
-        kills.append(_now_ms())
+        kills.append(now_ms())
         s.relay.kill()
         s.relay.start()
         time.sleep(max(0.0, slot - delay))
-    return t0, _now_ms(), kills
+    return t0, now_ms(), kills
 
 
 # --- bad data, hostile peers and bounds (issue 12) ---------------------------------------------------
@@ -610,9 +606,9 @@ def add_target(s: Ours, name: str, url: str) -> None:
 
 
 def _quiet_window(seconds: float) -> FaultWindow:
-    t0 = _now_ms()
+    t0 = now_ms()
     time.sleep(seconds)
-    return FaultWindow(t0, _now_ms())
+    return FaultWindow(t0, now_ms())
 
 
 def _by_name(samples: RawSamples) -> dict[str, list[tuple[int, float]]]:
@@ -637,10 +633,10 @@ class BadSamples(Scenario):
     def configure(self, s: Ours) -> None:
         from testkit.hostile import TimedScriptedExporter
 
-        dup_ts = _now_ms() - 1000
+        dup_ts = now_ms() - 1000
 
         def body(n: int) -> str:
-            now = _now_ms()
+            now = now_ms()
             return (
                 f"ok_before {n}\nbad_metric 1 -1\nahead_metric 1 {now + HOUR_MS}\n"
                 f'dup_metric {n} {dup_ts}\nok_after{{a="b"}} {n / 2}\n'
@@ -771,12 +767,12 @@ class HostileFlood(Scenario):
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                 time.sleep(max(0.0, seconds / FLOOD_BURSTS - 0.5))
 
-        t0 = _now_ms()
+        t0 = now_ms()
         flooder = threading.Thread(target=flood, daemon=True)
         flooder.start()
         time.sleep(seconds)
         flooder.join(30)
-        return FaultWindow(t0, _now_ms())
+        return FaultWindow(t0, now_ms())
 
     def before_stop(self, s: Ours) -> None:
         from testkit.readings import metric_sum, read_metrics
@@ -826,11 +822,11 @@ class SpoolRecreated(Scenario):
 
         t0 = time.monotonic()
         # Unacknowledged from the receiver's stop on; what was in flight then was published already.
-        since_ms = _now_ms() - 2000
+        since_ms = now_ms() - 2000
         s.receiver.stop()
         time.sleep(self.DOWN_BEFORE_CUT_S)
         s.proxy.cut()
-        self.cut_ms = _now_ms()
+        self.cut_ms = now_ms()
         time.sleep(self.DOWN_BEFORE_STOP_S - self.DOWN_BEFORE_CUT_S)
         self.exit_code = s.relay.stop(timeout=self.FIRST_DRAIN_S + 30)
         self.waiting = spool_waiting(s.relay_cfg)
@@ -842,11 +838,11 @@ class SpoolRecreated(Scenario):
         s.drain_seconds = self.DRAIN_S
         s.proxy.heal()
         s.relay.start()
-        restart_ms = _now_ms()
+        restart_ms = now_ms()
         self.log_mark = s.relay.log_path.stat().st_size
         time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
         s.receiver.restart()
-        return FaultWindow(restart_ms, _now_ms(), deleted_ms=(since_ms, restart_ms))
+        return FaultWindow(restart_ms, now_ms(), deleted_ms=(since_ms, restart_ms))
 
     def before_stop(self, s: Ours) -> None:
         from testkit.readings import metric_sum, read_metrics
@@ -1062,12 +1058,12 @@ class ExpansionBomb(Scenario):
             except Exception as exc:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
-        t0 = _now_ms()
+        t0 = now_ms()
         publisher = threading.Thread(target=publish, daemon=True)
         publisher.start()
         time.sleep(seconds)
         publisher.join(30)
-        return FaultWindow(t0, _now_ms())
+        return FaultWindow(t0, now_ms())
 
     def before_stop(self, s: Ours) -> None:
         from testkit.readings import read_metrics
@@ -1155,19 +1151,19 @@ class ClockStep(Scenario):
     def _step_between_scrapes(self, s: Ours, offset_s: int) -> int:
         last = max(rec.t_ms for rec in read_served_log(s.sim.served_log))
         at = last + self.interval_ms // 2
-        while at < _now_ms() + 20:
+        while at < now_ms() + 20:
             at += self.interval_ms
-        time.sleep((at - _now_ms()) / 1000)
+        time.sleep((at - now_ms()) / 1000)
         return self.ft.step(offset_s)
 
     def run(self, s: Ours, seconds: float, rng: random.Random) -> FaultWindow:
-        t0 = _now_ms()
+        t0 = now_ms()
         time.sleep(seconds / 4)
         self.back_ms = self._step_between_scrapes(s, -CLOCK_STEP_S)
-        time.sleep(max(0.0, seconds / 2 - (_now_ms() - self.back_ms) / 1000))
+        time.sleep(max(0.0, seconds / 2 - (now_ms() - self.back_ms) / 1000))
         self.forward_ms = self._step_between_scrapes(s, 0)
-        time.sleep(max(0.0, seconds - (_now_ms() - t0) / 1000))
-        return FaultWindow(t0, _now_ms())
+        time.sleep(max(0.0, seconds - (now_ms() - t0) / 1000))
+        return FaultWindow(t0, now_ms())
 
     def stamp(self, served_ms: int) -> int:
         steps = getattr(self, "ft", None)
@@ -1284,7 +1280,7 @@ def run_fault(args: argparse.Namespace, fault: Fault, workdir: Path, rng: random
         scenario.configure(ours)
         with _relay_env(scenario.relay_env()):
             ours.start_edge()
-        start_ms = _now_ms()
+        start_ms = now_ms()
         time.sleep(args.fault_warmup)
         if ours.tap.requests_ok == 0:
             raise RuntimeError(f"nothing reached the receiver during the warm-up:\n{ours.relay.log_tail()}")
@@ -1301,7 +1297,7 @@ def run_fault(args: argparse.Namespace, fault: Fault, workdir: Path, rng: random
             {"ours": watch}, timeout=args.fault_timeout, settle=args.fault_settle, alive=alive
         )
         time.sleep(2 * args.fault_interval)
-        until_ms = _now_ms()
+        until_ms = now_ms()
         time.sleep(3 * args.fault_interval + 2)
         scenario.before_stop(ours)
         ours.read_counters()

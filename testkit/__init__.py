@@ -7,7 +7,7 @@ in editable mode beside the product; pytest finds it in the checkout anyway).  U
 
 - ``services``: mosquitto, Prometheus and VictoriaMetrics as managed processes on free 127.0.0.1 ports
   (``ManagedProcess``, ``ServiceFactory`` behind the fixtures of ``tests/conftest.py``), ``free_port``,
-  ``wait_until``, ``die_with_parent``, ``RawSamples``.
+  ``now_ms``, ``wait_until``, ``die_with_parent``, ``RawSamples``.
 - ``stack``: ``edge-relay run`` / ``cloud-ingest run`` as subprocesses (``Program``, ``program``), their
   configs (``relay_config``, ``ingest_config``, ``write_budget``), ``SimulatorProcess``; the relay's
   ``check-config``, schema defaults and loss ledger.
@@ -28,6 +28,9 @@ in editable mode beside the product; pytest finds it in the checkout anyway).  U
 - ``exporters``: ``ScriptedExporter``, an exposition computed per request (or a body per path).
 - ``hostile``: hostile inputs for the fault tests and bench: a trickling exporter, a QoS 0 flooder,
   well-formed batches of another node, and readers of the ledger, dead letters and spool by series.
+- ``batches``: made-up batches of a node, as its relay would publish them (the cloud side's tests).
+- ``uplinks``: the relay's uplink in process: MQTT settings for a loopback broker, an ``Uplink`` on a
+  spool.
 - ``benchkit``: what every bench does alike: progress lines, a scratch directory, markdown tables,
   the report under ``bench/results/``, the best of timed rounds.
 """

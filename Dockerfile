@@ -21,8 +21,7 @@ COPY relay_common relay_common
 COPY vendors vendors
 # The simulator (`edge-relay simulate`, imported only by that subcommand) serves docker-compose.yml's demo.
 COPY simulator simulator
-# testkit/ (test, bench and demo tooling) is not copied: the wheel built here then leaves it out, as
-# setuptools' package search includes only what is present.
+# testkit/ (test, bench and demo tooling, a distribution of its own) is neither copied nor in the wheel.
 # Wheels of the project and of every dependency, so the runtime stage installs offline.
 RUN pip wheel --wheel-dir /wheels .
 

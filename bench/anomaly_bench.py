@@ -59,11 +59,9 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from simulator import Simulator  # noqa: E402
-from simulator.incidents import KINDS, Incident  # noqa: E402
+from simulator import Simulator
+from simulator.incidents import KINDS, Incident
+from testkit.benchkit import RESULTS
 
 INTERVAL = 5.0
 SIGNALS = ("util", "power", "temp", "mem_temp", "fb", "clock", "w_per_util")
@@ -837,8 +835,7 @@ def _counts(d: dict[str, int]) -> str:
 # --- edge cost ----------------------------------------------------------------------------------
 
 _RSS_PROBE = """
-import json, sys, time
-sys.path.insert(0, {bench!r})
+import json, runpy, time, types
 def status():
     d = {{}}
     for line in open('/proc/self/status'):
@@ -846,7 +843,7 @@ def status():
         if k in ('VmRSS', 'VmHWM'):
             d[k] = int(v.split()[0])
     return d
-import anomaly_bench as ab
+ab = types.SimpleNamespace(**runpy.run_path({bench!r}, run_name="anomaly_bench"))  # a script, not a module
 before = status()
 det = ab.DETECTORS[{name!r}]()
 xs = [{{s: 50.0 + (i % 17) for s in ab.SIGNALS}} | {{'xid': 0.0, 'throttle': 0.0, 'rows': 0.0, 'ecc': 0.0}}
@@ -892,7 +889,7 @@ def installed_mb(dists: Sequence[str]) -> float:
 def edge_cost(names: Sequence[str]) -> str:
     rows = []
     for name in names:
-        probe = _RSS_PROBE.format(bench=str(Path(__file__).parent), name=name)
+        probe = _RSS_PROBE.format(bench=str(Path(__file__).resolve()), name=name)
         out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
         if out.returncode != 0:
             rows.append([name, "error", "", "", out.stderr.strip().splitlines()[-1]])
@@ -971,8 +968,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--threshold / --score-threshold configure the product's detector (`--detectors product`)")
     args.threshold = dict(args.threshold or [])
     started = time.monotonic()
-    results = ROOT / "bench" / "results"
-    results.mkdir(parents=True, exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     if product:
         report = f"# The relay's anomaly detector on simulated GPU incidents: {args.vendor} (issue 14)\n\n"
@@ -985,8 +981,8 @@ def main(argv: list[str] | None = None) -> int:
         report += text + "\n## Edge cost\n\n" + edge_cost(args.detectors)
         name = f"{stamp}-anomaly"
     report += f"\nBench wall time {(time.monotonic() - started) / 60:.1f} min; `{shlex.join(sys.argv)}`.\n"
-    (results / f"{name}.md").write_text(report)
-    (results / f"{name}.json").write_text(json.dumps(summary, indent=1, default=str))
+    (RESULTS / f"{name}.md").write_text(report)
+    (RESULTS / f"{name}.json").write_text(json.dumps(summary, indent=1, default=str))
     print(report)
     log(f"written to bench/results/{name}.md")
     return 0

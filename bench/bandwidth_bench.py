@@ -56,14 +56,14 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from outage_bench import log, table, workspace, write_results  # bench/ is sys.path[0] for a script
 
 from testkit.agents import tool_version
+from testkit.benchkit import ROOT, log, table, workspace, write_results
 from testkit.edge_systems import CHURN_TICKS, EXTERNAL, NODE, SEED, Agent, Ours, System, Vm
 from testkit.netfaults import LinkProxy
-from testkit.oracle import Score, expected_samples, read_served_log, same_value, samples_stamped, score
+from testkit.oracle import Score, expected_samples, read_served_log, same_value, score
 from testkit.readings import ProcStats, bucket_quantile, histogram_buckets, metric_sum, read_metrics
-from testkit.rw_tap import RemoteWriteTap
+from testkit.rw_tap import RemoteWriteTap, samples_stamped
 from testkit.services import Prometheus, RawSamples, VictoriaMetrics, die_with_parent
 from testkit.stack import (
     EXPORTERS,
@@ -75,7 +75,6 @@ from testkit.stack import (
     write_budget,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
 RECEIVERS: dict[str, type[Prometheus] | type[VictoriaMetrics]] = {
     "prometheus": Prometheus,
     "victoriametrics": VictoriaMetrics,

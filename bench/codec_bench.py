@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 
-from pipeline_bench import best_of  # type: ignore[import-not-found]  # bench/ is sys.path[0] for a script
-
 from edge_relay.collect.parse import SeriesCache, parse
 from edge_relay.collect.shape import ShapedScrape, TargetShaper
 from edge_relay.encode.batches import to_batch
 from schemas import codec
 from schemas.model import Batch
 from simulator import EXPORTERS, Simulator
+from testkit.benchkit import best_of
 
 T0 = 1_700_000_000_000
 FIRST_TICK = 30  # past the simulator's first pod replacements, so series come and go

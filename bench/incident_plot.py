@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from outage_bench import ROOT, log, table, workspace, write_results  # bench/ is sys.path[0] for a script
 
 from simulator.incidents import KINDS, Incident
+from testkit.benchkit import ROOT, log, table, workspace, write_results
 from testkit.oracle import Served, expected_samples, read_served_log, same_value
 from testkit.readings import metric_sum, read_metrics
 from testkit.services import Mosquitto, Prometheus, RawSamples, ServiceFactory

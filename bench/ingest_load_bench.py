@@ -97,14 +97,13 @@ import zstandard
 
 from schemas import codec, columnar, topics
 from schemas.model import Batch, Labels, ScrapeBlock
+from testkit.benchkit import RESULTS, log
 from testkit.netfaults import RemoteWriteProxy
 from testkit.readings import cpu_seconds
 from testkit.rw_wire import read_varint, wire_fields, wire_timeseries
 from testkit.services import ManagedProcess, Mosquitto, Prometheus, VictoriaMetrics, wait_until
 from testkit.stack import Program, ingest_config, program
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 PREFIX = "edgemetrics"
 CLUSTER = "bench"
 SHARE_GROUP = "ingest"
@@ -137,10 +136,6 @@ METRICS = [
     ("node_cpu_seconds_total", "node", 9100),
     ("node_memory_Active_bytes", "node", 9100),
 ]
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------

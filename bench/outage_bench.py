@@ -27,20 +27,17 @@ import dataclasses
 import datetime as dt
 import itertools
 import random
-import shlex
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testkit.benchkit import ROOT, log, table, workspace, write_results
 from testkit.edge_systems import CLUSTER, EXTERNAL, Agent, Ours, System, Vm
 from testkit.oracle import (
     SYNTHETIC,
-    DrainWatch,
     SampleCounts,
     Score,
     expected_samples,
@@ -49,16 +46,9 @@ from testkit.oracle import (
     score,
 )
 from testkit.readings import ProcStats, fmt_bytes
-from testkit.services import Prometheus, RawSamples
+from testkit.rw_tap import DrainWatch
+from testkit.services import Prometheus, RawSamples, now_ms
 from testkit.stack import EXPORTERS
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
 
 # ------------------------------------------------------------------------------------------ measuring
 
@@ -245,44 +235,6 @@ def fmt_lost_otherwise(r: Result) -> str:
     if r.lost_by_operator:
         text += f" (+{r.lost_by_operator:,} in the deleted spool)"
     return text
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-
-    def line(cells: list[str]) -> str:
-        out = [cells[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True)]
-        return "| " + " | ".join(out) + " |"
-
-    sep = "| " + " | ".join(["-" * widths[0]] + ["-" * (w - 1) + ":" for w in widths[1:]]) + " |"
-    return "\n".join([line(headers), sep, *(line(r) for r in rows)])
-
-
-def write_results(mode: str, report: str, started: float) -> Path:
-    """Print ``report`` with the bench's wall time (since monotonic ``started``) and command line, and
-    write it to ``bench/results/<timestamp>-<mode>.md``."""
-    report += f"\nBench wall time {(time.monotonic() - started) / 60:.1f} min; `{shlex.join(sys.argv)}`.\n"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{mode}.md"
-    path.write_text(report)
-    print(report)
-    log(f"written to {path.relative_to(ROOT)}")
-    return path
-
-
-@contextlib.contextmanager
-def workspace(arg: str | None, keep: bool, prefix: str) -> Iterator[Path]:
-    path = Path(arg) if arg else Path(tempfile.mkdtemp(prefix=prefix))
-    path.mkdir(parents=True, exist_ok=True)
-    ok = False
-    try:
-        yield path
-        ok = True
-    finally:
-        if ok and not keep and not arg:
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            log(f"working directory kept: {path}")
 
 
 # ------------------------------------------------------------------------------------------ long outage
@@ -565,10 +517,6 @@ class Fault:
         return Simple(self.run)
 
 
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
 @contextlib.contextmanager
 def _relay_env(env: dict[str, str]) -> Iterator[None]:
     """While ``Ours.start_edge`` runs: the relay's ``Program`` gets ``env`` (kept for its restarts)."""
@@ -596,11 +544,11 @@ def _fault_window(
     begin: Callable[[], object], end: Callable[[], object], seconds: float
 ) -> tuple[int, int, list[int]]:
     """``begin()``, wait ``seconds``, ``end()``; returns the fault's start and end (unix ms)."""
-    t0 = _now_ms()
+    t0 = now_ms()
     begin()
     time.sleep(seconds)
     end()
-    return t0, _now_ms(), []
+    return t0, now_ms(), []
 
 
 def fault_broker_restart(s: Ours, seconds: float, rng: random.Random) -> tuple[int, int, list[int]]:
@@ -628,7 +576,7 @@ RELAY_KILLS = 5
 
 def fault_relay_sigkill(s: Ours, seconds: float, rng: random.Random) -> tuple[int, int, list[int]]:
     """SIGKILL the relay at a random instant in each fifth of the window; restart it at once."""
-    t0 = _now_ms()
+    t0 = now_ms()
     kills = []
     slot = seconds / RELAY_KILLS
     for _ in range(RELAY_KILLS):
@@ -636,11 +584,11 @@ def fault_relay_sigkill(s: Ours, seconds: float, rng: random.Random) -> tuple[in
         time.sleep(delay)
         if not s.relay.alive():
             raise RuntimeError(f"edge-relay died by itself:\n{s.relay.log_tail()}")
-        kills.append(_now_ms())
+        kills.append(now_ms())
         s.relay.kill()
         s.relay.start()
         time.sleep(max(0.0, slot - delay))
-    return t0, _now_ms(), kills
+    return t0, now_ms(), kills
 
 
 # --- bad data, hostile peers and bounds (issue 12) ---------------------------------------------------
@@ -658,9 +606,9 @@ def add_target(s: Ours, name: str, url: str) -> None:
 
 
 def _quiet_window(seconds: float) -> FaultWindow:
-    t0 = _now_ms()
+    t0 = now_ms()
     time.sleep(seconds)
-    return FaultWindow(t0, _now_ms())
+    return FaultWindow(t0, now_ms())
 
 
 def _by_name(samples: RawSamples) -> dict[str, list[tuple[int, float]]]:
@@ -685,10 +633,10 @@ class BadSamples(Scenario):
     def configure(self, s: Ours) -> None:
         from testkit.hostile import TimedScriptedExporter
 
-        dup_ts = _now_ms() - 1000
+        dup_ts = now_ms() - 1000
 
         def body(n: int) -> str:
-            now = _now_ms()
+            now = now_ms()
             return (
                 f"ok_before {n}\nbad_metric 1 -1\nahead_metric 1 {now + HOUR_MS}\n"
                 f'dup_metric {n} {dup_ts}\nok_after{{a="b"}} {n / 2}\n'
@@ -819,12 +767,12 @@ class HostileFlood(Scenario):
                     self.errors.append(f"{type(exc).__name__}: {exc}")
                 time.sleep(max(0.0, seconds / FLOOD_BURSTS - 0.5))
 
-        t0 = _now_ms()
+        t0 = now_ms()
         flooder = threading.Thread(target=flood, daemon=True)
         flooder.start()
         time.sleep(seconds)
         flooder.join(30)
-        return FaultWindow(t0, _now_ms())
+        return FaultWindow(t0, now_ms())
 
     def before_stop(self, s: Ours) -> None:
         from testkit.readings import metric_sum, read_metrics
@@ -874,11 +822,11 @@ class SpoolRecreated(Scenario):
 
         t0 = time.monotonic()
         # Unacknowledged from the receiver's stop on; what was in flight then was published already.
-        since_ms = _now_ms() - 2000
+        since_ms = now_ms() - 2000
         s.receiver.stop()
         time.sleep(self.DOWN_BEFORE_CUT_S)
         s.proxy.cut()
-        self.cut_ms = _now_ms()
+        self.cut_ms = now_ms()
         time.sleep(self.DOWN_BEFORE_STOP_S - self.DOWN_BEFORE_CUT_S)
         self.exit_code = s.relay.stop(timeout=self.FIRST_DRAIN_S + 30)
         self.waiting = spool_waiting(s.relay_cfg)
@@ -890,11 +838,11 @@ class SpoolRecreated(Scenario):
         s.drain_seconds = self.DRAIN_S
         s.proxy.heal()
         s.relay.start()
-        restart_ms = _now_ms()
+        restart_ms = now_ms()
         self.log_mark = s.relay.log_path.stat().st_size
         time.sleep(max(0.0, seconds - (time.monotonic() - t0)))
         s.receiver.restart()
-        return FaultWindow(restart_ms, _now_ms(), deleted_ms=(since_ms, restart_ms))
+        return FaultWindow(restart_ms, now_ms(), deleted_ms=(since_ms, restart_ms))
 
     def before_stop(self, s: Ours) -> None:
         from testkit.readings import metric_sum, read_metrics
@@ -1110,12 +1058,12 @@ class ExpansionBomb(Scenario):
             except Exception as exc:
                 self.errors.append(f"{type(exc).__name__}: {exc}")
 
-        t0 = _now_ms()
+        t0 = now_ms()
         publisher = threading.Thread(target=publish, daemon=True)
         publisher.start()
         time.sleep(seconds)
         publisher.join(30)
-        return FaultWindow(t0, _now_ms())
+        return FaultWindow(t0, now_ms())
 
     def before_stop(self, s: Ours) -> None:
         from testkit.readings import read_metrics
@@ -1203,19 +1151,19 @@ class ClockStep(Scenario):
     def _step_between_scrapes(self, s: Ours, offset_s: int) -> int:
         last = max(rec.t_ms for rec in read_served_log(s.sim.served_log))
         at = last + self.interval_ms // 2
-        while at < _now_ms() + 20:
+        while at < now_ms() + 20:
             at += self.interval_ms
-        time.sleep((at - _now_ms()) / 1000)
+        time.sleep((at - now_ms()) / 1000)
         return self.ft.step(offset_s)
 
     def run(self, s: Ours, seconds: float, rng: random.Random) -> FaultWindow:
-        t0 = _now_ms()
+        t0 = now_ms()
         time.sleep(seconds / 4)
         self.back_ms = self._step_between_scrapes(s, -CLOCK_STEP_S)
-        time.sleep(max(0.0, seconds / 2 - (_now_ms() - self.back_ms) / 1000))
+        time.sleep(max(0.0, seconds / 2 - (now_ms() - self.back_ms) / 1000))
         self.forward_ms = self._step_between_scrapes(s, 0)
-        time.sleep(max(0.0, seconds - (_now_ms() - t0) / 1000))
-        return FaultWindow(t0, _now_ms())
+        time.sleep(max(0.0, seconds - (now_ms() - t0) / 1000))
+        return FaultWindow(t0, now_ms())
 
     def stamp(self, served_ms: int) -> int:
         steps = getattr(self, "ft", None)
@@ -1332,7 +1280,7 @@ def run_fault(args: argparse.Namespace, fault: Fault, workdir: Path, rng: random
         scenario.configure(ours)
         with _relay_env(scenario.relay_env()):
             ours.start_edge()
-        start_ms = _now_ms()
+        start_ms = now_ms()
         time.sleep(args.fault_warmup)
         if ours.tap.requests_ok == 0:
             raise RuntimeError(f"nothing reached the receiver during the warm-up:\n{ours.relay.log_tail()}")
@@ -1349,7 +1297,7 @@ def run_fault(args: argparse.Namespace, fault: Fault, workdir: Path, rng: random
             {"ours": watch}, timeout=args.fault_timeout, settle=args.fault_settle, alive=alive
         )
         time.sleep(2 * args.fault_interval)
-        until_ms = _now_ms()
+        until_ms = now_ms()
         time.sleep(3 * args.fault_interval + 2)
         scenario.before_stop(ours)
         ours.read_counters()

@@ -12,8 +12,6 @@ The side-by-side comparison with vmagent and Prometheus agent on the wire is iss
 from __future__ import annotations
 
 import argparse
-import time
-from collections.abc import Callable
 
 from cloud_ingest.sinks.remote_write.request import encode_body
 from edge_relay.collect.parse import SeriesCache, parse
@@ -21,15 +19,7 @@ from edge_relay.collect.shape import TargetShaper
 from edge_relay.encode.batches import BatchEncoder
 from schemas import codec
 from simulator import EXPORTERS, Simulator
-
-
-def best_of(rounds: int, fn: Callable[[], object]) -> float:
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.process_time()
-        fn()
-        best = min(best, time.process_time() - start)
-    return best
+from testkit.benchkit import best_of
 
 
 def run(series: int, scrapes: int) -> dict[str, float]:

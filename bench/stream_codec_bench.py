@@ -37,7 +37,6 @@ import math
 import pickle
 import struct
 import subprocess
-import sys
 import time
 import urllib.request
 from array import array
@@ -47,8 +46,6 @@ from pathlib import Path
 from typing import Any
 
 import zstandard
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge_relay.collect.parse import SeriesCache, parse
 from edge_relay.collect.shape import TargetShaper

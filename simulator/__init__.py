@@ -26,12 +26,16 @@ Layout:
 
 - ``base``: shared vocabulary (exporter names, ports, content types, number formatting, load shapes,
   series templates, fixture parsing) and ``data_path``, which locates the package data;
-- ``topology``: the owners of series (pods, the job, clones, static owners), identities, lifecycle;
+- ``topology``: the owners of series (pods, the job, clones, static owners), identities, lifecycle,
+  and their load shapes (``LoadShapes``);
 - ``kepler``, ``dcgm``, ``node``, ``gpus``: one model per exporter, what it exposes and how its values
   evolve (its fixture's name and its GPUs' limits are the exporter's record's, ``vendors``);
-- ``model``: ``Simulator``, which puts the models together and renders payloads;
 - ``incidents``: ``Incident`` (thermal runaway, XID burst, power cap, memory leak on one GPU from a
-  tick on), passed as ``Simulator(..., incidents=[...])`` or ``simulate --incident``;
+  tick on), passed as ``Simulator(..., incidents=[...])`` or ``simulate --incident``, and the
+  ``Overlay`` that moves the incident GPU's series: it reads the owners, expositions and load shapes
+  it is handed, never the ``Simulator``;
+- ``model``: ``Simulator``, which puts the models and the incidents' overlay together and renders
+  payloads;
 - ``server``: ``SimulatorServer`` (HTTP) and the ``simulate`` command line;
 - ``data/``: the exporter fixtures (``*.prom``, which tests read through ``data_path``),
   ``topology.json`` (the node's pods) and ``node-exporter.json`` (node_exporter's inventory).

@@ -36,12 +36,10 @@ import math
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import Final
 
-from simulator.base import Tpl
-
-if TYPE_CHECKING:
-    from simulator.model import Simulator
+from simulator.base import Exposition, Tpl
+from simulator.topology import LoadShapes, Unit
 
 KINDS: Final = ("thermal", "xid", "powercap", "memleak")
 
@@ -265,23 +263,40 @@ class Plan:
 
 
 class Overlay:
-    """The incidents of one Simulator: which series they move, and by how much at a tick."""
+    """The incidents of one simulated node: which series they move, and by how much at a tick.
 
-    def __init__(self, sim: Simulator, incidents: Sequence[Incident]) -> None:
-        self.sim = sim
+    It reads the node as the simulator built it (its owners, the exporters' expositions and the
+    owners' load shapes) and never the simulator itself: the simulator asks it, per owner and tick,
+    what to change.
+    """
+
+    def __init__(
+        self,
+        incidents: Sequence[Incident],
+        units: Mapping[str, Unit],
+        expositions: Mapping[str, Exposition],
+        shapes: LoadShapes,
+        *,
+        interval_s: float,
+        seed: int,
+    ) -> None:
         self.incidents = tuple(incidents)
+        self.units = units
+        self.shapes = shapes
+        self.interval_s = interval_s
+        self.seed = seed
         self._refs: dict[tuple[str, str], dict[int, Ref]] = {}
         self._first: dict[tuple[str, str], int] = {}  # first start tick touching that owner
         self._base: dict[tuple[str, int, int], Tpl] = {}  # (exporter, gpu, role) -> its first series
         self._units: dict[tuple[str, int, int], str] = {}
         self._plans: dict[tuple[int, str], Plan] = {}
         gpus = {i.gpu for i in self.incidents}
-        for unit in sim._units.values():
+        for unit in units.values():
             for exporter, tpls in unit.tpls.items():
                 role_of = _ROLE_OF.get(exporter)
                 if role_of is None:
                     continue
-                families = sim._expo[exporter].families
+                families = expositions[exporter].families
                 refs: dict[int, Ref] = {}
                 for tpl in tpls:
                     labels = dict(tpl.labels)
@@ -379,8 +394,8 @@ class Overlay:
         tpl = self._base.get((exporter, gpu, role))
         if tpl is None:
             return None
-        unit = self.sim._units[self._units[(exporter, gpu, role)]]
-        level = self.sim._shapes(unit, 0)[tpl.slot].level(tick)
+        unit = self.units[self._units[(exporter, gpu, role)]]
+        level = self.shapes.of(unit, 0)[tpl.slot].level(tick)
         return min(tpl.hi, max(tpl.lo, tpl.a + tpl.b * level))
 
     def _plan(self, idx: int, exporter: str) -> Plan:
@@ -418,8 +433,8 @@ def _gpu_of(
 def make_plan(ov: Overlay, inc: Incident, idx: int, exporter: str) -> Plan:
     """The incident's course on one exporter's GPU, from that GPU's own no-incident values."""
     chip = CHIPS[exporter]
-    n, dt = inc.duration_ticks, ov.sim.interval_s
-    rng = random.Random(f"{ov.sim.seed}:incident:{idx}:{inc.kind}:{inc.gpu}:{inc.start_tick}:{n}")
+    n, dt = inc.duration_ticks, ov.interval_s
+    rng = random.Random(f"{ov.seed}:incident:{idx}:{inc.kind}:{inc.gpu}:{inc.start_tick}:{n}")
     noise = [rng.uniform(-1.0, 1.0) for _ in range(n)]
     ticks = range(inc.start_tick, inc.end_tick)
     zeros = [0.0] * n
@@ -530,14 +545,14 @@ def _fb_capacity(ov: Overlay, exporter: str, gpu: int) -> float:
     return used.hi if math.isfinite(used.hi) else CHIPS[exporter].mem_total
 
 
-def gpu_counts(sim: Simulator) -> dict[str, int]:
-    """GPUs per enabled GPU exporter (Kepler's own GPU series follow dcgm's)."""
+def gpu_counts(exporters: Iterable[str], units: Mapping[str, Unit]) -> dict[str, int]:
+    """GPUs per enabled GPU exporter of the node's owners (Kepler's own GPU series follow dcgm's)."""
     counts: dict[str, int] = {}
-    for exporter in sim.exporters:
+    for exporter in exporters:
         if exporter not in CHIPS:
             continue
         found: set[int] = set()
-        for unit in sim._units.values():
+        for unit in units.values():
             for tpl in unit.tpls.get(exporter, []):
                 gpu = _gpu_of(exporter, unit.key, unit.gpu, tpl, dict(tpl.labels))
                 if gpu is not None:

@@ -24,7 +24,6 @@ from simulator.base import (
     CONTENT_TYPE_TEXT,
     COUNTER,
     EXPORTERS,
-    FLAT,
     FMT_GO,
     FMT_GO_TICKS,
     FMT_INT,
@@ -36,7 +35,6 @@ from simulator.base import (
     UNHELD,
     USER_HZ,
     Exposition,
-    Shape,
     Tpl,
     escape_label,
     format_go_float,
@@ -45,6 +43,7 @@ from simulator.base import (
 )
 from simulator.incidents import Incident, Overlay, check_gpus, gpu_counts
 from simulator.topology import (
+    LoadShapes,
     Owners,
     Pids,
     Unit,
@@ -94,7 +93,7 @@ class Simulator:
         self.interval_s = float(interval_s)
         self.churn_ticks = churn_ticks
         self.kepler_gpu = kepler_gpu
-        self._shape_cache: dict[str, Shape] = {}
+        self._load = LoadShapes(seed)
         topo: dict[str, Any] = json.loads(read_data("topology.json"))
         self.node_name: str = topo["node_name"]
         self._owners = Owners(topo, seed, churn_ticks)
@@ -121,8 +120,10 @@ class Simulator:
         # None without incidents: render's only extra cost is one test per owner and row.
         self._overlay: Overlay | None = None
         if self.incidents:
-            check_gpus(self.incidents, gpu_counts(self))
-            self._overlay = Overlay(self, self.incidents)
+            check_gpus(self.incidents, gpu_counts(self.exporters, self._units))
+            self._overlay = Overlay(
+                self.incidents, self._units, self._expo, self._load, interval_s=self.interval_s, seed=seed
+            )
 
     # public API ------------------------------------------------------------------------------
 
@@ -166,7 +167,7 @@ class Simulator:
                     id_gen, held = holder_state(unit.holder, tick)
                     variant = RUN if held else UNHELD
                 rows = self._rows(unit, exporter, id_gen, variant, openmetrics)
-                shapes = self._shapes(unit, gen)
+                shapes = self._load.of(unit, gen)
                 levels = [s.level(t_eval) for s in shapes]
                 integrals = [s.integral(t_eval, t_ref) for s in shapes]
                 fresh = gen > 0 and unit.kind != STATIC  # a new pod's counters start near zero
@@ -230,39 +231,7 @@ class Simulator:
                 if tpls is not None:
                     unit.tpls[exporter] = [t for t in tpls if "_gpu" not in families[t.fam].name]
 
-    # shapes and identities (memoized, deterministic) -----------------------------------------
-
-    def _shape(self, key: str) -> Shape:
-        shape = self._shape_cache.get(key)
-        if shape is None:
-            rng = random.Random(f"{self.seed}:shape:{key}")
-            if key.startswith("flat"):
-                shape = FLAT
-            else:
-                # Node and GPU power and filesystems move gently; the rest up to +-60 % around the mean.
-                fmax = 0.3
-                if key.startswith(("gpu", "power:")):
-                    fmax = 0.1
-                elif key.startswith("slow"):
-                    fmax = 0.03
-                period = rng.uniform(24.0, 240.0)
-                shape = Shape(
-                    rng.uniform(0.3 * fmax, fmax), 2 * math.pi / period, rng.uniform(0, 2 * math.pi)
-                )
-            self._shape_cache[key] = shape
-        return shape
-
-    def _shapes(self, u: Unit, gen: int) -> list[Shape]:
-        shapes = u.shapes.get(gen)
-        if shapes is None:
-            if u.kind == STATIC:
-                shapes = [self._shape(k) for k in u.slot_keys]
-            else:
-                shapes = [self._shape(f"{u.key}#{gen}")]
-                if u.gpu is not None:
-                    shapes.append(self._shape(f"gpu{u.gpu}"))
-            remember(u.shapes, gen, shapes)
-        return shapes
+    # identities (memoized, deterministic) ---------------------------------------------------
 
     def _identity(self, u: Unit, gen: int) -> dict[tuple[str, str], str]:
         if gen == 0 or u.spec is None:

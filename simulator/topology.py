@@ -2,7 +2,8 @@
 
 Every series hangs off an owner (``Unit``). A pod generation has an identity (UID, name, container IDs,
 PIDs): generation 0 is the fixture's, later ones are drawn from the seed. ``instances`` says which
-generations of an owner are reported at a tick and in which state.
+generations of an owner are reported at a tick and in which state; ``LoadShapes`` gives each owner
+generation its load shapes, drawn from the seed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from simulator.base import JOB, POD, RUN, STATIC, TERM, Shape, Tpl
+from simulator.base import FLAT, JOB, POD, RUN, STATIC, TERM, Shape, Tpl
 
 _K8S_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # k8s.io/apimachinery rand.String
 
@@ -91,6 +92,50 @@ def remember(d: dict[int, Any], gen: int, value: Any) -> None:
     for old in [g for g in list(d) if g < gen - 2]:
         d.pop(old, None)
     d[gen] = value
+
+
+class LoadShapes:
+    """The owners' load shapes, drawn from the seed: one per shape key, memoized.
+
+    ``of(unit, gen)`` is what drives an owner generation's series (templates index it by ``slot``).
+    Rendering reads it, and the incident overlay reads it for a GPU's no-incident values.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._cache: dict[str, Shape] = {}
+
+    def shape(self, key: str) -> Shape:
+        shape = self._cache.get(key)
+        if shape is None:
+            rng = random.Random(f"{self.seed}:shape:{key}")
+            if key.startswith("flat"):
+                shape = FLAT
+            else:
+                # Node and GPU power and filesystems move gently; the rest up to +-60 % around the mean.
+                fmax = 0.3
+                if key.startswith(("gpu", "power:")):
+                    fmax = 0.1
+                elif key.startswith("slow"):
+                    fmax = 0.03
+                period = rng.uniform(24.0, 240.0)
+                shape = Shape(
+                    rng.uniform(0.3 * fmax, fmax), 2 * math.pi / period, rng.uniform(0, 2 * math.pi)
+                )
+            self._cache[key] = shape
+        return shape
+
+    def of(self, u: Unit, gen: int) -> list[Shape]:
+        shapes = u.shapes.get(gen)
+        if shapes is None:
+            if u.kind == STATIC:
+                shapes = [self.shape(k) for k in u.slot_keys]
+            else:
+                shapes = [self.shape(f"{u.key}#{gen}")]
+                if u.gpu is not None:
+                    shapes.append(self.shape(f"gpu{u.gpu}"))
+            remember(u.shapes, gen, shapes)
+        return shapes
 
 
 # --- lifecycle ----------------------------------------------------------------------------------

@@ -6,9 +6,11 @@
 - ``compare`` (the tests): every expected sample must be in the receiver with its exact value at its
   scrape's time, and nothing else; ``same_value`` compares bit for bit (NaN equals NaN).
 - ``score`` / ``Score`` (the benches): the same matching, counted instead of asserted, for systems
-  that may lose samples; ``SampleCounts`` counts the samples of a served payload; ``DrainWatch`` and
-  ``samples_stamped`` read a ``testkit.rw_tap.RemoteWriteTap`` to tell which served scrapes have
-  arrived whole; ``SYNTHETIC``: the series every scraper adds, left out of cross-system counts.
+  that may lose samples; ``SampleCounts`` counts the samples of a served payload; ``SYNTHETIC``: the
+  series every scraper adds, left out of cross-system counts.
+
+What arrived is read from a receiver here; what a ``testkit.rw_tap.RemoteWriteTap`` saw pass (which
+served scrapes have arrived whole, and when) is read there, beside the tap.
 """
 
 from __future__ import annotations
@@ -21,14 +23,11 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.services import RawSamples
-
-if TYPE_CHECKING:
-    from testkit.rw_tap import RemoteWriteTap
 
 # Series every scraper adds per target and scrape (the union of ours, Prometheus' and vmagent's); the
 # benches leave them out of every count so that the systems are compared on the exporters' samples only.
@@ -155,53 +154,6 @@ class SampleCounts:
 
 
 @dataclass
-class DrainWatch:
-    """Which served scrapes of a window the receiver has accepted whole, according to a tap."""
-
-    tap: RemoteWriteTap
-    wanted: list[tuple[str, int, int]]  # (job, served t_ms, samples)
-    skew_before_ms: int
-    skew_after_ms: int
-    since: float  # monotonic time of the heal
-    done_at: float | None = None  # monotonic time the last wanted sample arrived, once all are there
-    last_progress: float | None = None  # monotonic time of the newest arrival of a window sample
-    missing: int = 0  # wanted scrapes not yet complete
-
-    def poll(self) -> bool:
-        """Update; True once every wanted scrape is complete."""
-        scrapes, last_new, failed = self.tap.scrapes()
-        by_job: dict[str, list[int]] = defaultdict(list)
-        for job, t in scrapes.keys() | failed:
-            by_job[job].append(t)
-        for stamps in by_job.values():
-            stamps.sort()
-        missing = 0
-        newest: float | None = None
-        for job, t_served, n in self.wanted:
-            stamps = by_job.get(job, [])
-            # The scrape a served request belongs to is the latest one stamped before it was served
-            # (a relay restarted between grid points may scrape twice within one interval).
-            i = bisect.bisect_right(stamps, t_served + self.skew_after_ms) - 1
-            if i >= 0 and stamps[i] >= t_served - self.skew_before_ms:
-                key = (job, stamps[i])
-                at = last_new[key]
-                newest = at if newest is None else max(newest, at)
-                if key in failed or scrapes.get(key, 0) >= n:
-                    continue
-            missing += 1
-        self.missing = missing
-        self.last_progress = newest
-        if missing == 0 and self.done_at is None:
-            self.done_at = newest if newest is not None else self.since
-        return missing == 0
-
-    def drain_seconds(self) -> float | None:
-        """Heal -> last window sample accepted (0 if none was outstanding at the heal)."""
-        end = self.done_at if self.done_at is not None else self.last_progress
-        return None if end is None else max(0.0, end - self.since)
-
-
-@dataclass
 class Score:
     """Expected samples matched against what the receiver holds."""
 
@@ -260,9 +212,3 @@ def score(
         if key not in expected:
             out.extra += sum(1 for t, _ in got if t <= limit)
     return out
-
-
-def samples_stamped(tap: RemoteWriteTap, start_ms: int, end_ms: int | None = None) -> int:
-    """Distinct exporter samples the tap saw accepted whose timestamp is in ``[start_ms, end_ms)``."""
-    scrapes, _, _ = tap.scrapes()
-    return sum(n for (_, t), n in scrapes.items() if t >= start_ms and (end_ms is None or t < end_ms))

@@ -3,10 +3,11 @@
 
 - ``MockReceiver``, a scripted remote-write receiver on 127.0.0.1, and the fake clock and jitter source
   the retry tests drive the client with;
-- the fixtures ``_no_proxies`` (autouse), ``receiver`` and ``fake_time``.  A test module imports the
-  functions, each as ``from testkit.rw_mock import receiver_fixture as receiver_fixture`` (the redundant alias
-  marks an import meant to be there though unused by name, so ruff's F401 needs no noqa), and asks for
-  the fixtures by their pytest names; the autouse one then applies to the importing module only.
+- the fixtures ``receiver`` and ``fake_time``.  A test module imports the functions, each as
+  ``from testkit.rw_mock import receiver_fixture as receiver_fixture`` (the redundant alias marks an
+  import meant to be there though unused by name, so ruff's F401 needs no noqa), and asks for the
+  fixtures by their pytest names.  (No proxies and no environment overrides: ``tests/conftest.py``
+  sees to that for every test.)
 """
 
 from __future__ import annotations
@@ -153,17 +154,6 @@ class MaxRng:
 
 
 # -- fixtures ------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(name="_no_proxies", autouse=True)
-def no_proxies_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
-    # requests honours *_proxy variables; test traffic must go straight to 127.0.0.1.  And the
-    # ingester's environment overrides must not leak in from the shell running the tests.
-    for var in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    for var in ("CLOUD_INGEST_CLIENT_ID", "CLOUD_INGEST_REMOTE_WRITE_URL", "CLOUD_INGEST_MQTT_PASSWORD"):
-        monkeypatch.delenv(var, raising=False)
 
 
 @pytest.fixture(name="receiver")

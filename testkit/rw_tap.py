@@ -1,19 +1,22 @@
 """``RemoteWriteTap``: a ``testkit.netfaults.RemoteWriteProxy`` that decodes what the receiver accepted.
 
-Used by the benches to count duplicates and to time drains without querying the receiver (see
-``testkit.oracle.DrainWatch``).  Bodies are decoded with cramjam and the protobuf runtime (fast
-enough for a bench's stream of writes); the tests' own reader of the wire format, independent of
-both, is ``testkit.rw_wire``.
+Used by the benches to count duplicates and to time drains without querying the receiver:
+``DrainWatch`` tells which served scrapes of a window a tap has seen accepted whole, and when;
+``samples_stamped`` counts the samples it saw in a time range.  Bodies are decoded with cramjam and
+the protobuf runtime (fast enough for a bench's stream of writes); the tests' own reader of the wire
+format, independent of both, is ``testkit.rw_wire``.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import queue
 import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import cramjam
 
@@ -165,3 +168,56 @@ class RemoteWriteTap(RemoteWriteProxy):
                         key = (job, t)
                         self._scrapes[key] += 1
                         self._last_new[key] = now
+
+
+@dataclass
+class DrainWatch:
+    """Which served scrapes of a window the receiver has accepted whole, according to a tap."""
+
+    tap: RemoteWriteTap
+    wanted: list[tuple[str, int, int]]  # (job, served t_ms, samples)
+    skew_before_ms: int
+    skew_after_ms: int
+    since: float  # monotonic time of the heal
+    done_at: float | None = None  # monotonic time the last wanted sample arrived, once all are there
+    last_progress: float | None = None  # monotonic time of the newest arrival of a window sample
+    missing: int = 0  # wanted scrapes not yet complete
+
+    def poll(self) -> bool:
+        """Update; True once every wanted scrape is complete."""
+        scrapes, last_new, failed = self.tap.scrapes()
+        by_job: dict[str, list[int]] = defaultdict(list)
+        for job, t in scrapes.keys() | failed:
+            by_job[job].append(t)
+        for stamps in by_job.values():
+            stamps.sort()
+        missing = 0
+        newest: float | None = None
+        for job, t_served, n in self.wanted:
+            stamps = by_job.get(job, [])
+            # The scrape a served request belongs to is the latest one stamped before it was served
+            # (a relay restarted between grid points may scrape twice within one interval).
+            i = bisect.bisect_right(stamps, t_served + self.skew_after_ms) - 1
+            if i >= 0 and stamps[i] >= t_served - self.skew_before_ms:
+                key = (job, stamps[i])
+                at = last_new[key]
+                newest = at if newest is None else max(newest, at)
+                if key in failed or scrapes.get(key, 0) >= n:
+                    continue
+            missing += 1
+        self.missing = missing
+        self.last_progress = newest
+        if missing == 0 and self.done_at is None:
+            self.done_at = newest if newest is not None else self.since
+        return missing == 0
+
+    def drain_seconds(self) -> float | None:
+        """Heal -> last window sample accepted (0 if none was outstanding at the heal)."""
+        end = self.done_at if self.done_at is not None else self.last_progress
+        return None if end is None else max(0.0, end - self.since)
+
+
+def samples_stamped(tap: RemoteWriteTap, start_ms: int, end_ms: int | None = None) -> int:
+    """Distinct exporter samples the tap saw accepted whose timestamp is in ``[start_ms, end_ms)``."""
+    scrapes, _, _ = tap.scrapes()
+    return sum(n for (_, t), n in scrapes.items() if t >= start_ms and (end_ms is None or t < end_ms))

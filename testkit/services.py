@@ -56,6 +56,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def now_ms() -> int:
+    """Wall-clock time in ms, as samples are stamped."""
+    return int(time.time() * 1000)
+
+
 def wait_until(
     predicate: Callable[[], T],
     timeout: float = 10.0,

@@ -361,8 +361,9 @@ def publish_probe_status(
         client.loop_stop()
 
 
-# The environment the product's processes must not inherit from the shell running the tests: proxies
-# (loopback traffic goes straight) and the programs' own environment overrides.
+# The environment neither a test nor the product's processes may take from the shell running the
+# tests: proxies (loopback traffic goes straight) and every environment override of the programs'
+# configuration (edge_relay.settings, cloud_ingest.settings).
 _PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
 _OVERRIDE_VARS = (
     "CLOUD_INGEST_CLIENT_ID",
@@ -371,11 +372,14 @@ _OVERRIDE_VARS = (
     "EDGE_RELAY_NODE",
     "NODE_NAME",
     "EDGE_RELAY_SCRAPE_INTERVAL",
+    "EDGE_RELAY_MQTT_USERNAME",
+    "EDGE_RELAY_MQTT_PASSWORD",
 )
 
 
 def clean_environment(monkeypatch: Any) -> None:
-    """``monkeypatch`` (pytest's) the environment subprocesses inherit: no proxies, no overrides."""
+    """``monkeypatch`` (pytest's) the environment: no proxies, no configuration overrides
+    (``tests/conftest.py`` does it for every test)."""
     for var in (*_PROXY_VARS, *_OVERRIDE_VARS):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")

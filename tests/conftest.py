@@ -1,4 +1,5 @@
-"""Shared pytest fixtures: real mosquitto / Prometheus / VictoriaMetrics on free loopback ports.
+"""Shared pytest fixtures: real mosquitto / Prometheus / VictoriaMetrics on free loopback ports, a
+spool, and a clean environment for every test.
 
 A missing binary is a test *failure*, not a skip, so CI can't go green without the Debian packages.
 Tests using these fixtures get the ``integration`` marker automatically (``-m "not integration"``).
@@ -12,9 +13,26 @@ from typing import Any
 
 import pytest
 
+from edge_relay.store.spool import Spool
 from testkit.services import Mosquitto, Prometheus, ServiceFactory, VictoriaMetrics
+from testkit.stack import clean_environment
 
 SERVICE_FIXTURES = frozenset({"mosquitto", "prometheus", "victoria_metrics", "make_service"})
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxies (test traffic goes straight to 127.0.0.1) and no configuration overrides from the
+    shell running the tests: a config means what the test wrote, in the test and in its subprocesses."""
+    clean_environment(monkeypatch)
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Iterator[Spool]:
+    """An empty spool in the test's directory, closed at teardown."""
+    s = Spool(tmp_path / "spool.db")
+    yield s
+    s.close()
 
 
 @pytest.fixture

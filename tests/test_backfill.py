@@ -39,6 +39,7 @@ from schemas.codec.command import (
 from testkit.exporters import ScriptedExporter
 from testkit.services import Mosquitto, Prometheus, ServiceFactory, wait_until
 from testkit.stack import ingest_config, program, relay_config, write_budget
+from testkit.uplinks import mqtt_settings, spool_uplink
 
 NOW = 1_764_590_400_000
 NODE = "edge-gpu-01"
@@ -456,41 +457,14 @@ def test_the_uplink_hands_requests_to_the_inbox_and_publishes_results(
 ) -> None:
     import paho.mqtt.client as mqtt
 
-    from edge_relay.ledger import LossLedger
-    from edge_relay.settings import MQTT
-    from edge_relay.store.spool import InFlight, SendQueue, Spool
-    from edge_relay.uplink.mqtt import Uplink
-    from edge_relay.uplink.status import StatusReport
+    from edge_relay.store.spool import Spool
 
-    cfg = MQTT(
-        "127.0.0.1",
-        mosquitto.port,
-        "v5",
-        "relay-bf",
-        None,
-        None,
-        None,
-        3,
-        300,
-        "edgemetrics",
-        4,
-        30.0,
-        0.1,
-        0.5,
-        60.0,
-    )
+    cfg = mqtt_settings(mosquitto.port, client_id="relay-bf", keepalive_seconds=3, inflight_batches=4)
     spool = Spool(str(tmp_path / "spool.db"))
     metrics = RelayMetrics()
     inbox = CommandInbox("test", NODE, metrics)
-    uplink = Uplink(
-        cfg,
-        cluster="test",
-        node=NODE,
-        queue=SendQueue(spool.batches, order=cfg.order, inflight_limit=4, live_window_s=1.0),
-        inflight=InFlight(),
-        metrics=metrics,
-        status=StatusReport(spool, LossLedger(spool.losses), None),
-        commands=inbox,
+    uplink = spool_uplink(
+        cfg, spool, cluster="test", node=NODE, live_window_s=1.0, metrics=metrics, commands=inbox
     )
     results: list[bytes] = []
     cloud = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="cloud-bf", protocol=mqtt.MQTTv5)

@@ -20,8 +20,6 @@ Then, without services: the spool operation (``SendQueue.refused``) and the dead
 
 from __future__ import annotations
 
-import dataclasses
-import time
 import uuid
 from array import array
 from collections.abc import Callable, Iterator
@@ -36,27 +34,22 @@ from cloud_ingest.app import Ingester
 from cloud_ingest.outcome.deadletters import DeadLetterFull, DeadLetterStore
 from cloud_ingest.sinks.remote_write.client import RemoteWriteClient
 from edge_relay.ledger import LossLedger, LossReason
-from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.settings import MQTT
-from edge_relay.store.spool import InFlight, SendQueue, Spool, SpoolRow
+from edge_relay.store.spool import SendQueue, Spool, SpoolRow
 from edge_relay.uplink.mqtt import Uplink
 from edge_relay.uplink.status import StatusReport
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
+from testkit import batches
 from testkit.netfaults import RemoteWriteProxy
-from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture
-from testkit.services import LOOPBACK, Mosquitto, Prometheus, RawSamples, ServiceFactory, wait_until
+from testkit.services import Mosquitto, Prometheus, RawSamples, ServiceFactory, now_ms, wait_until
 from testkit.stack import ingest_config
+from testkit.uplinks import mqtt_settings, spool_uplink
 
 PREFIX = "edgemetrics"
 CLUSTER = "test"
 NODE = "edge-1"
 PROBE_NODE = "probe"
 HOUR_MS = 3_600_000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # -- batches, spool rows -------------------------------------------------------------------------------
@@ -71,15 +64,9 @@ def make_batch(seq: int, ts_ms: int, job: str = "kepler", series: int = 3, scrap
     """``series`` x ``scrapes`` samples 1 s apart, labelled as the relay labels them."""
     name = f"{job}_test_joules_total"
     labelsets = [labelset(name, job, i, cluster=CLUSTER, node=NODE) for i in range(series)]
-    blocks = [
-        ScrapeBlock(
-            ts_ms + 1000 * k,
-            array("I", range(series)),
-            array("d", [seq * 100 + i * 10 + k + 0.5 for i in range(series)]),
-        )
-        for k in range(scrapes)
-    ]
-    return Batch(CLUSTER, NODE, seq, labelsets, blocks)
+    return batches.make_batch(
+        NODE, seq, ts_ms, cluster=CLUSTER, labelsets=labelsets, scrapes=scrapes, step_ms=1000
+    )
 
 
 def spool_batch(spool: Spool, make: Callable[[int], Batch]) -> Batch:
@@ -111,27 +98,6 @@ def spool_seqs(spool: Spool) -> list[int]:
 # -- the edge, the cloud -------------------------------------------------------------------------------
 
 
-def mqtt_cfg(port: int, **overrides: Any) -> MQTT:
-    cfg = MQTT(
-        host=LOOPBACK,
-        port=port,
-        protocol="v5",
-        client_id=f"edge-relay-{NODE}-{uuid.uuid4().hex[:8]}",
-        username=None,
-        password=None,
-        tls=None,
-        keepalive_seconds=5,
-        session_expiry_seconds=300,
-        topic_prefix=PREFIX,
-        inflight_batches=10,
-        ack_timeout_seconds=30.0,
-        reconnect_min_seconds=0.1,
-        reconnect_max_seconds=0.5,
-        status_interval_seconds=60.0,
-    )
-    return dataclasses.replace(cfg, **overrides)
-
-
 def relay_metric(uplink: Uplink, name: str, **labels: str) -> float:
     return uplink.metrics.registry.get_sample_value(name, labels) or 0.0
 
@@ -141,29 +107,11 @@ def ingest_metric(ingester: Ingester, name: str, **labels: str) -> float:
 
 
 @pytest.fixture
-def spool(tmp_path: Path) -> Iterator[Spool]:
-    s = Spool(tmp_path / "spool.db")
-    yield s
-    s.close()
-
-
-@pytest.fixture
 def make_uplink() -> Iterator[Callable[..., Uplink]]:
     uplinks: list[Uplink] = []
 
     def make(broker: Mosquitto, spool: Spool, **overrides: Any) -> Uplink:
-        cfg = mqtt_cfg(broker.port, **overrides)
-        uplink = Uplink(
-            cfg,
-            cluster=CLUSTER,
-            node=NODE,
-            queue=SendQueue(
-                spool.batches, order=cfg.order, inflight_limit=cfg.inflight_batches, live_window_s=0
-            ),
-            inflight=InFlight(),
-            metrics=RelayMetrics(),
-            status=StatusReport(spool, LossLedger(spool.losses), None),
-        )
+        uplink = spool_uplink(mqtt_settings(broker.port, **overrides), spool, cluster=CLUSTER, node=NODE)
         uplink.start()
         uplinks.append(uplink)
         return uplink

@@ -27,16 +27,6 @@ EDGE_SCHEMA = edge_settings.SCHEMA
 CLOUD_SCHEMA = cloud_settings.SCHEMA
 BUDGET_SCHEMA = relay_budget.SCHEMA
 
-ENV_VARS = (
-    "EDGE_RELAY_NODE",
-    "NODE_NAME",
-    "EDGE_RELAY_SCRAPE_INTERVAL",
-    "EDGE_RELAY_MQTT_PASSWORD",
-    "CLOUD_INGEST_CLIENT_ID",
-    "CLOUD_INGEST_MQTT_PASSWORD",
-    "CLOUD_INGEST_REMOTE_WRITE_URL",
-)
-
 MINIMAL_EDGE = """\
 node: n1
 targets:
@@ -48,13 +38,6 @@ MINIMAL_CLOUD = """\
 remote_write:
   url: http://127.0.0.1:9090/api/v1/write
 """
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The overrides must come only from what a test sets."""
-    for name in ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
 
 
 def write(tmp_path: Path, text: str, name: str = "config.yaml") -> str:

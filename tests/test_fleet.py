@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 import uuid
-from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,15 +26,13 @@ from cloud_ingest.outcome.fleet import Fleet, NodeView, SeqTracker
 from cloud_ingest.selfmetrics import IngestMetrics
 from relay_common.httpserver import MetricsServer
 from schemas import codec, topics
-from schemas.model import Batch, Labels, ScrapeBlock
-from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture
-from testkit.services import Mosquitto, Prometheus, ServiceFactory, free_port, wait_until
+from schemas.model import Batch
+from testkit.batches import CLUSTER, METRIC, make_batch
+from testkit.services import Mosquitto, Prometheus, ServiceFactory, free_port, now_ms, wait_until
 from testkit.stack import ingest_config
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = "edgemetrics"
-CLUSTER = "test"
-METRIC = "kepler_node_package_joules_total"
 T0 = 1_800_000_000.0
 
 
@@ -453,24 +450,6 @@ def test_cli_formats() -> None:
 
 
 # -- integration: real mosquitto, in-process ingester, real Prometheus ---------------------------------------
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def make_batch(node: str, seq: int, ts_ms: int, *, series: int = 3, scrapes: int = 2) -> Batch:
-    labelsets: list[Labels] = [
-        tuple(sorted({"__name__": METRIC, "cluster": CLUSTER, "node": node, "zone": f"pkg{i}"}.items()))
-        for i in range(series)
-    ]
-    blocks = [
-        ScrapeBlock(
-            ts_ms + 500 * k, array("I", range(series)), array("d", [seq * 100 + i + k for i in range(series)])
-        )
-        for k in range(scrapes)
-    ]
-    return Batch(CLUSTER, node, seq, labelsets, blocks)
 
 
 class Edge:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import threading
 import time
-from array import array
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,7 +28,6 @@ from test_ingest import (
     Reply,
     as_expected,
     expected_samples,
-    now_ms,
     sample,
     write_config,
 )
@@ -45,8 +43,9 @@ from cloud_ingest.selfmetrics import IngestMetrics
 from schemas import codec, topics
 from schemas.codec import AckResult, DecodeError, StreamEncoder
 from schemas.codec.stream import frame_ids
-from schemas.model import Batch, Labels, ScrapeBlock
-from testkit.services import Mosquitto, Prometheus, ServiceFactory, wait_until
+from schemas.model import Batch
+from testkit import batches
+from testkit.services import Mosquitto, Prometheus, ServiceFactory, now_ms, wait_until
 
 CLUSTER = "test"
 METRIC = "follow_test_value"
@@ -55,20 +54,9 @@ T0 = 1_700_000_000_000
 
 def make_batch(node: str, seq: int, ts_ms: int, *, cluster: str = CLUSTER, inc: int = 0) -> Batch:
     """3..5 series (one comes and goes: dictionary churn) x 2 scrapes; values unique per sample."""
-    count = 3 + seq % 3
-    labelsets: list[Labels] = [
-        tuple(sorted({"__name__": METRIC, "cluster": cluster, "node": node, "zone": f"z{i}"}.items()))
-        for i in range(count)
-    ]
-    blocks = [
-        ScrapeBlock(
-            ts_ms + 500 * k,
-            array("I", range(count)),
-            array("d", [seq * 1000 + i * 10 + k + 0.25 for i in range(count)]),
-        )
-        for k in range(2)
-    ]
-    return Batch(cluster, node, seq, labelsets, blocks, incarnation=inc)
+    return batches.make_batch(
+        node, seq, ts_ms, cluster=cluster, metric=METRIC, series=3 + seq % 3, zone="z", incarnation=inc
+    )
 
 
 def chain(node: str, n: int, *, cluster: str = CLUSTER, start: int = 1) -> tuple[list[Batch], list[bytes]]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -49,55 +48,21 @@ from cloud_ingest.app import Ingester
 from cloud_ingest.outcome.deadletters import DeadLetter
 from schemas import codec, remote_write_pb, topics
 from schemas.codec import AckResult
-from schemas.model import Batch, Labels, ScrapeBlock
-from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture
-from testkit.services import Mosquitto, Prometheus, RawSamples, ServiceFactory, free_port, wait_until
+from schemas.model import Batch
+from testkit.batches import CLUSTER, METRIC, make_batch
+from testkit.services import Mosquitto, Prometheus, RawSamples, ServiceFactory, free_port, now_ms, wait_until
 from testkit.stack import Program, ingest_config, program
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[1]
 PREFIX = "edgemetrics"
-CLUSTER = "test"
 PROBE_NODE = "probe"
-METRIC = "kepler_node_package_joules_total"
 ACK_FILTER = f"{PREFIX}/v1/+/+/ack"
 
 # -- batches ---------------------------------------------------------------------------------------------
 
 Expected = dict[frozenset[tuple[str, str]], list[tuple[int, float]]]
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def make_batch(
-    node: str,
-    seq: int,
-    ts_ms: int,
-    *,
-    cluster: str = CLUSTER,
-    series: int = 3,
-    scrapes: int = 2,
-    blob_bytes: int = 0,
-) -> Batch:
-    """``series`` series x ``scrapes`` scrape blocks 500 ms apart; values unique per (seq, series, scrape)."""
-    labelsets: list[Labels] = []
-    for i in range(series):
-        labels = {"__name__": METRIC, "cluster": cluster, "node": node, "zone": f"pkg{i}"}
-        if blob_bytes:
-            labels["blob"] = os.urandom(blob_bytes).hex()  # incompressible
-        labelsets.append(tuple(sorted(labels.items())))
-    blocks = [
-        ScrapeBlock(
-            ts_ms + 500 * k,
-            array("I", range(series)),
-            array("d", [seq * 1000 + i * 10 + k + 0.25 for i in range(series)]),
-        )
-        for k in range(scrapes)
-    ]
-    return Batch(cluster, node, seq, labelsets, blocks)
 
 
 def expected_samples(*batches: Batch) -> Expected:

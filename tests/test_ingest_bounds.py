@@ -24,8 +24,7 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 import yaml
-from test_ingest import CLUSTER as INGEST_CLUSTER
-from test_ingest import PREFIX, Edge, Ingesters, Receivers, Reply, make_batch, now_ms, sample
+from test_ingest import PREFIX, Edge, Ingesters, Receivers, Reply, sample
 from test_ingest import edge as edge
 from test_ingest import ingesters as ingesters
 from test_ingest import receivers as receivers
@@ -37,8 +36,9 @@ from cloud_ingest.pipeline.decode import REQUEST_EXPANSION, Decoded, Refused, de
 from cloud_ingest.sinks.remote_write.request import build_write_request, request_size_bound
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
-from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture  # shared fixture, explicit re-export
-from testkit.services import wait_until
+from testkit.batches import CLUSTER as INGEST_CLUSTER
+from testkit.batches import make_batch
+from testkit.services import now_ms, wait_until
 
 MiB = 1 << 20
 CLUSTER, NODE = "c1", "n1"

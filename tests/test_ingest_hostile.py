@@ -48,8 +48,7 @@ import yaml
 import zstandard
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-from test_ingest import CLUSTER as INGEST_CLUSTER
-from test_ingest import METRIC, Edge, Ingesters, as_expected, expected_samples, make_batch, now_ms, sample
+from test_ingest import Edge, Ingesters, as_expected, expected_samples, sample
 from test_ingest import edge as edge
 from test_ingest import ingesters as ingesters
 from test_ingest import receivers as receivers
@@ -60,8 +59,9 @@ from cloud_ingest.outcome.deadletters import REFUSED_KEPT_PER_NODE_REASON, DeadL
 from cloud_ingest.pipeline.decode import Decoded, Refused, decode, pin_identity
 from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
-from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture  # shared fixture, explicit re-export
-from testkit.services import Prometheus, wait_until
+from testkit.batches import CLUSTER as INGEST_CLUSTER
+from testkit.batches import METRIC, make_batch
+from testkit.services import Prometheus, now_ms, wait_until
 
 PREFIX = "edgemetrics"
 CLUSTER = "c1"

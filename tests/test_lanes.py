@@ -20,10 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_relay.selfmetrics import RelayMetrics
-from edge_relay.settings import MQTT
 from edge_relay.store.spool import InFlight, SendQueue, Spool
 from edge_relay.uplink.mqtt import Uplink
 from edge_relay.uplink.pacer import Pacer
+from testkit.uplinks import mqtt_settings
 
 T0 = 1_800_000_000.0
 OVERHEAD = 96  # the pacer's estimate of one publication's framing
@@ -64,22 +64,12 @@ class Lanes:
         )
         self.pacer = Pacer(RelayMetrics(), clock=lambda: self.now)
         self.pacer.bucket.configure(rate, depth)  # what the pacer's meter applies from configure()
-        cfg = MQTT(
-            host="127.0.0.1",
-            port=1883,
-            protocol="v5",
+        cfg = mqtt_settings(
+            1883,
             client_id="lanes",
-            username=None,
-            password=None,
-            tls=None,
-            keepalive_seconds=5,
-            session_expiry_seconds=300,
-            topic_prefix="edgemetrics",
             inflight_batches=16,
             ack_timeout_seconds=3600.0,
-            reconnect_min_seconds=0.1,
             reconnect_max_seconds=1.0,
-            status_interval_seconds=60.0,
         )
         self.uplink = Uplink(
             cfg,

@@ -132,6 +132,8 @@ def gpu_cycle(tick: int, series: int = 50, rng: random.Random | None = None) -> 
 
 @pytest.fixture
 def spool(tmp_path: Path) -> Iterator[Spool]:
+    """conftest's spool without fsync (``synchronous=OFF``): these tests commit many blocks and check
+    what is kept, not what survives a power cut."""
     with Spool(tmp_path / "spool.db", synchronous="OFF") as s:
         yield s
 

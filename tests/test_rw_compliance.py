@@ -57,8 +57,7 @@ from schemas import remote_write_pb as pb
 from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 from testkit.rw_mock import FakeTime, MaxRng, MockReceiver, Reply
 
-# Fixtures, asked for by their pytest names: _no_proxies (autouse), receiver.
-from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture
+# Fixtures, asked for by their pytest names: receiver.
 from testkit.rw_mock import receiver_fixture as receiver_fixture
 from testkit.rw_wire import bits_to_float, read_varint, snappy_block_decode, wire_fields, wire_timeseries
 from testkit.services import Prometheus, ServiceFactory, VictoriaMetrics, free_port, wait_until

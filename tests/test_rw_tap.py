@@ -9,7 +9,6 @@ import pytest
 from cloud_ingest.sinks.remote_write.client import RemoteWriteClient
 from schemas.model import Batch, ScrapeBlock
 from testkit.rw_mock import MockReceiver, Reply
-from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture
 from testkit.rw_mock import receiver_fixture as receiver_fixture
 from testkit.rw_tap import RemoteWriteTap
 

@@ -37,7 +37,6 @@ from testkit.services import Mosquitto, Prometheus, RawSamples, wait_until
 from testkit.stack import (
     Program,
     SimulatorProcess,
-    clean_environment,
     ingest_config,
     metrics_url,
     program,
@@ -128,11 +127,6 @@ def publish_probe_status(broker: Mosquitto) -> None:
     probe_status(
         broker.host, broker.port, prefix=PREFIX, cluster=CLUSTER, node=PROBE_NODE, client_id="scaleout-probe"
     )
-
-
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    clean_environment(monkeypatch)
 
 
 class Cleanup:

@@ -11,7 +11,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +29,7 @@ from testkit.services import (
     ServiceFactory,
     VictoriaMetrics,
     free_port,
+    now_ms,
     wait_until,
 )
 
@@ -108,10 +108,6 @@ def _key(labels: Mapping[str, str]) -> frozenset[tuple[str, str]]:
 def _comparable(samples: RawSamples) -> dict[frozenset[tuple[str, str]], list[tuple[int, str]]]:
     # repr() makes NaN equal to NaN and keeps -0.0 apart from 0.0.
     return {k: [(t, repr(v)) for t, v in s] for k, s in samples.items()}
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 COUNTER = {"__name__": "relay_smoke_total", "job": "smoke", "instance": "edge-1"}
@@ -239,7 +235,7 @@ def test_services_die_with_a_hard_killed_test_process(tmp_path: Path) -> None:
     )
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS_DIR.parent), os.environ.get("PYTHONPATH")])),
     }
     child = subprocess.Popen(
         [sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env
@@ -287,7 +283,7 @@ def test_start_retries_on_a_new_port_when_ours_is_taken(tmp_path: Path) -> None:
 
 
 def test_prometheus_remote_write_round_trip(prometheus: Prometheus) -> None:
-    now = _now_ms()
+    now = now_ms()
     expected = write_smoke_series(prometheus.remote_write_url, now)
     got = prometheus.raw_samples('{job="smoke"}')
     assert _comparable(got) == _comparable(expected)
@@ -295,7 +291,7 @@ def test_prometheus_remote_write_round_trip(prometheus: Prometheus) -> None:
 
 
 def test_prometheus_values_are_bit_exact(prometheus: Prometheus) -> None:
-    now = _now_ms()
+    now = now_ms()
     values = [1 / 3, 0.1 + 0.2, 5e-324, 1.7976931348623157e308, -0.0, math.nan, -math.inf, 2.0**53 + 2]
     samples = [(now - 1000 * (len(values) - i), v) for i, v in enumerate(values)]
     labels = {"__name__": "relay_smoke_floats", "le": "+Inf"}
@@ -306,7 +302,7 @@ def test_prometheus_values_are_bit_exact(prometheus: Prometheus) -> None:
 
 def test_prometheus_rejects_out_of_order_without_window(make_service: ServiceFactory) -> None:
     prometheus = make_service(Prometheus, ooo_window=None)
-    now = _now_ms()
+    now = now_ms()
     assert remote_write(prometheus.remote_write_url, [(COUNTER, [(now, 1.0)])]).status_code == 204
     resp = remote_write(prometheus.remote_write_url, [(COUNTER, [(now - 1000, 2.0)])])
     assert resp.status_code == 400 and "out of order" in resp.text
@@ -317,7 +313,7 @@ def test_prometheus_rejects_out_of_order_without_window(make_service: ServiceFac
 
 
 def test_victoria_metrics_remote_write_round_trip(victoria_metrics: VictoriaMetrics) -> None:
-    now = _now_ms()
+    now = now_ms()
     expected = write_smoke_series(victoria_metrics.remote_write_url, now)
     victoria_metrics.flush()
     got = victoria_metrics.raw_samples('{job="smoke"}')
@@ -331,7 +327,7 @@ def test_victoria_metrics_remote_write_round_trip(victoria_metrics: VictoriaMetr
 
 
 def test_victoria_metrics_precision_and_stale_markers(victoria_metrics: VictoriaMetrics) -> None:
-    now = _now_ms()
+    now = now_ms()
     labels = {"__name__": "relay_smoke_precision"}
     samples = [(now - 3000, 1 / 3), (now - 2000, STALE_NAN), (now - 1000, math.nan)]
     assert remote_write(victoria_metrics.remote_write_url, [(labels, samples)]).status_code == 204

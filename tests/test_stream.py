@@ -8,7 +8,6 @@ import math
 import struct
 import time
 from array import array
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -368,13 +367,6 @@ def test_an_undecodable_row_goes_out_as_it_is():
     c = coder()
     junk = b"ERB\x02not msgpack"
     assert c.prepare(row_of(1, junk)).payload == junk
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Spool:
-    s = Spool(str(tmp_path / "spool.db"))
-    yield s
-    s.close()
 
 
 def _append(spool: Spool, batch: Batch) -> int:

@@ -47,12 +47,11 @@ import requests
 from testkit.oracle import Served, compare, expected_samples, read_served_log
 from testkit.readings import MetricSample, read_metrics
 from testkit.readings import metric_sum as metric
-from testkit.services import Mosquitto, Prometheus, RawSamples, ServiceFactory, wait_until
+from testkit.services import Mosquitto, Prometheus, RawSamples, ServiceFactory, now_ms, wait_until
 from testkit.stack import (
     EXPORTERS,
     Program,
     SimulatorProcess,
-    clean_environment,
     ingest_config,
     ledger_totals,
     metrics_url,
@@ -103,11 +102,6 @@ def prom(module_services: ServiceFactory) -> Prometheus:
     return module_services(Prometheus)
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    clean_environment(monkeypatch)
-
-
 def publish_probe_status(broker: Mosquitto) -> None:
     probe_status(
         broker.host,
@@ -117,10 +111,6 @@ def publish_probe_status(broker: Mosquitto) -> None:
         node=PROBE_NODE,
         client_id="stream-e2e-probe",
     )
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 # ----------------------------------------------------------------------------------------- the stack
@@ -252,7 +242,7 @@ class Stack:
         relay = self.relay
         assert relay is not None and relay.alive(), self.relay_log()
         self.relay_ended.append(self._read(self.relay_url))
-        at = _now_ms()
+        at = now_ms()
         if kill:
             relay.kill()
             assert relay.proc is not None and relay.proc.returncode == -9
@@ -538,7 +528,7 @@ def test_ingester_restarted_mid_chain(stack: Any) -> None:
     st.stop_ingester("ingest-0", kill=True)  # its decoder state is gone; its session keeps deliveries
     time.sleep(1.0)
     st.start_ingester("ingest-0")
-    restarted_ms = _now_ms()
+    restarted_ms = now_ms()
     st.wait_caught_up(restarted_ms + 1000)
     st.wait_chain_restarted()
     result = st.finish()
@@ -552,7 +542,7 @@ def test_second_replica_joins_share_group_mid_chain(stack: Any) -> None:
     st.start_ingester("ingest-0")
     st.start_relay()
     st.wait_acked(4)  # the key frame and the dictionary are long gone when the second one joins
-    joined_ms = _now_ms()
+    joined_ms = now_ms()
     st.start_ingester("ingest-1")
 
     def second_wrote() -> bool:
@@ -582,7 +572,7 @@ def test_broker_restarted_without_persistence(stack: Any, make_service: ServiceF
     broker.kill()  # sessions, queued deliveries, retained messages: all gone
     time.sleep(1.5)
     broker.restart()
-    healed_ms = _now_ms()
+    healed_ms = now_ms()
     publish_probe_status(broker)
     st.wait_subscribed(st.ingesters["ingest-0"])
     st.wait_caught_up(healed_ms + 1000)
@@ -611,7 +601,7 @@ def test_relay_restarted_mid_chain_replays_backlog(stack: Any, signal: str) -> N
     st.start_ingester("ingest-0")
     time.sleep(0.5)
     st.start_relay()
-    restarted_ms = _now_ms()
+    restarted_ms = now_ms()
     st.wait_caught_up(restarted_ms + 1000)
     keys_new_process = st.live_relay_metric(RELAY_FRAMES, kind="key")
     result = st.finish(killed_at_ms=[stopped_ms] if kill else ())
@@ -652,9 +642,9 @@ def test_short_outage_backlog_drained(stack: Any, make_service: ServiceFactory) 
     st.wait_acked(4)
     time.sleep(1.2)  # an autosave with the sessions in it
     broker.stop()
-    down_ms = _now_ms()
+    down_ms = now_ms()
     wait_until(lambda: spool_rows(st.spool_path) >= 6, 15, 0.1, "a backlog while the broker is down")
     broker.restart()
-    st.wait_caught_up(_now_ms() + 1000)
+    st.wait_caught_up(now_ms() + 1000)
     result = st.finish()
     print(f"\nshort outage (broker down from {down_ms}): {result}")

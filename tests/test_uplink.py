@@ -30,18 +30,17 @@ from typing import Any
 import paho.mqtt.client as mqtt
 import pytest
 
-from edge_relay.ledger import LossLedger
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import MQTT
-from edge_relay.store.spool import InFlight, SendQueue, Spool
+from edge_relay.store.spool import Spool
 from edge_relay.uplink.mqtt import Uplink
 from edge_relay.uplink.pacer import Pacer, TokenBucket, WireMeter, tcp_bytes
-from edge_relay.uplink.status import StatusReport
 from schemas import codec, topics
 from schemas.codec import AckResult, AckResultKind
 from schemas.model import Batch, ScrapeBlock
 from testkit.netfaults import LinkProxy
 from testkit.services import LOOPBACK, Mosquitto, ServiceFactory, wait_until
+from testkit.uplinks import mqtt_settings, spool_uplink
 
 pytestmark = pytest.mark.integration
 
@@ -58,24 +57,8 @@ STATUS_TOPIC = topics.status_topic(PREFIX, CLUSTER, NODE)
 
 
 def mqtt_cfg(port: int, **overrides: Any) -> MQTT:
-    cfg = MQTT(
-        host=LOOPBACK,
-        port=port,
-        protocol="v5",
-        client_id=f"edge-relay-{NODE}-{uuid.uuid4().hex[:8]}",
-        username=None,
-        password=None,
-        tls=None,
-        keepalive_seconds=3,
-        session_expiry_seconds=300,
-        topic_prefix=PREFIX,
-        inflight_batches=10,
-        ack_timeout_seconds=30.0,
-        reconnect_min_seconds=0.1,
-        reconnect_max_seconds=0.5,
-        status_interval_seconds=60.0,
-    )
-    return dataclasses.replace(cfg, **overrides)
+    """A 3 s keepalive unless a test says otherwise: a dead link is noticed within seconds."""
+    return mqtt_settings(port, **{"keepalive_seconds": 3, **overrides})
 
 
 def batch_payload(seq: int, ts_ms: int) -> bytes:
@@ -112,10 +95,6 @@ def acked_total(metrics: RelayMetrics, result: str) -> float:
 
 def published_total(metrics: RelayMetrics, kind: str) -> float:
     return metric(metrics, "edge_relay_batches_published_total", kind=kind)
-
-
-def spool_status(spool: Spool) -> StatusReport:
-    return StatusReport(spool, LossLedger(spool.losses), None)
 
 
 # -- the fake cloud ---------------------------------------------------------------------------------
@@ -305,20 +284,7 @@ def make_uplink(make_service: ServiceFactory) -> Iterator[Callable[..., Uplink]]
     def make(cfg: MQTT, spool: Spool, *, start: bool = True, live_window_s: float = 0.0) -> Uplink:
         # live_window_s=0: no row counts as "live", so these tests see the backlog order (oldest first);
         # test_live_first_* sets it to check the live-first order.
-        uplink = Uplink(
-            cfg,
-            cluster=CLUSTER,
-            node=NODE,
-            queue=SendQueue(
-                spool.batches,
-                order=cfg.order,
-                inflight_limit=cfg.inflight_batches,
-                live_window_s=live_window_s,
-            ),
-            inflight=InFlight(),
-            metrics=RelayMetrics(),
-            status=spool_status(spool),
-        )
+        uplink = spool_uplink(cfg, spool, cluster=CLUSTER, node=NODE, live_window_s=live_window_s)
         if start:
             uplink.start()
             uplinks.append(uplink)
@@ -327,13 +293,6 @@ def make_uplink(make_service: ServiceFactory) -> Iterator[Callable[..., Uplink]]
     yield make
     for uplink in uplinks:
         uplink.stop(0)
-
-
-@pytest.fixture
-def spool(tmp_path: Path) -> Iterator[Spool]:
-    s = Spool(tmp_path / "spool.db")
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -38,9 +38,8 @@ from schemas import remote_write_pb as pb
 from schemas.model import STALE_NAN, STALE_NAN_BITS, Batch, Labels, ScrapeBlock, float_bits
 from testkit.rw_mock import FakeTime, MaxRng, MockReceiver, Reply
 
-# Fixtures, asked for by their pytest names: _no_proxies (autouse), receiver, fake_time.
+# Fixtures, asked for by their pytest names: receiver, fake_time.
 from testkit.rw_mock import fake_time_fixture as fake_time_fixture
-from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture
 from testkit.rw_mock import receiver_fixture as receiver_fixture
 from testkit.rw_wire import bits_to_float, wire_samples
 

@@ -32,9 +32,8 @@ from cloud_ingest.sinks.remote_write.client import PROTOCOL_HEADERS, RemoteWrite
 from relay_common.config import ConfigError
 from testkit.rw_mock import FakeTime, MockReceiver, Reply
 
-# Fixtures, asked for by their pytest names: _no_proxies (autouse), receiver, fake_time.
+# Fixtures, asked for by their pytest names: receiver, fake_time.
 from testkit.rw_mock import fake_time_fixture as fake_time_fixture
-from testkit.rw_mock import no_proxies_fixture as no_proxies_fixture
 from testkit.rw_mock import receiver_fixture as receiver_fixture
 
 ROOT = Path(__file__).resolve().parent.parent

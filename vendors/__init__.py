@@ -33,8 +33,9 @@ Adding a vendor (an exporter), the files a contributor edits:
    ``vendors/registry.py``'s ``RECORDS`` (the order is the schema's);
 2. its sample page, ``simulator/data/<exporter>-sample.prom`` (a real scrape), named in the record's
    ``samples``; ``tests/test_vendor_registry.py`` checks its presets against it;
-3. ``python -m vendors.generate --update``, then ``python -m relay_common.configdoc --update docs/configuration.md``
-   (the config reference shows the enum): generated, not edited by hand.
+3. ``python -m vendors.generate --update``, then
+   ``python -m relay_common.configdoc --update docs/configuration.md`` (the config reference shows the
+   enum): generated, not edited by hand.
 
 Serving it from ``edge-relay simulate`` as well (optional) is a model in ``simulator/gpus.py`` and its
 entries in ``simulator/base.py``. A new kind of reading (other than the six above) is the one change

@@ -14,7 +14,10 @@ Data flows one way; no part calls back into ``Relay``.
 
 Scrapes run on a fixed grid of ``interval_seconds``; all targets of one tick are scraped in parallel
 and their samples go into the spool before the uplink is woken. A cycle that overruns skips the grid
-points it missed instead of scraping in a burst.
+points it missed instead of scraping in a burst. A cycle waits for its targets until the scrape
+timeout (and a little more): fetch and parse end there, and a target still shaping then (tens of
+thousands of new series to relabel and check) finishes in the background and joins a later cycle, so
+one target's new series never cost the others their scrapes.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import os
 import signal
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from edge_relay import settings as settings_mod
@@ -71,6 +74,10 @@ _LIVE_WAITING_ROWS = 4
 # fresh row first (~0.1 s of stream coding at 20,000 series), then backlog rows, which need not wait.
 _PUBLISH_WAIT_S = 0.5
 _GC_THRESHOLDS = (50_000, 20, 100)  # gen0 allocations, gen0 passes per gen1, gen1 passes per gen2
+# How long past the scrape timeout a cycle waits for a target still at work (at most half of what the
+# interval leaves): fetch and parse end at the timeout, so what runs later is shaping (many new series),
+# which then finishes in the background.
+_SHAPING_GRACE_S = 0.25
 
 
 class TargetLoop:
@@ -268,6 +275,9 @@ class Relay:
         )
         self.stop_event = threading.Event()
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(self.loops)), thread_name_prefix="scrape")
+        self._running: dict[TargetLoop, Future[ShapedScrape]] = {}  # at most one scrape per target
+        self._missed: set[TargetLoop] = set()  # their running scrape missed the cycle it began in
+        self._slow: set[str] = set()  # targets said to be slow, until a scrape makes its cycle again
         self.cycles = 0
         self._last_cycle_at: float | None = None
         self._waiting_rows = 0  # spooled rows not acked yet, at the end of the last cycle
@@ -363,7 +373,52 @@ class Relay:
     def cycle(self) -> int:
         """One scrape of every target, spooled. Returns the number of samples spooled."""
         self._watch_clock(time.time())
-        shaped = list(self.pool.map(lambda loop: loop.run_once(), self.loops))
+        s = self.settings
+        grace = min(_SHAPING_GRACE_S, max(0.0, s.interval_seconds - s.timeout_seconds) / 2)
+        return self._take(self._scrape(s.timeout_seconds + grace))
+
+    def _scrape(self, timeout: float | None) -> list[ShapedScrape]:
+        """The scrapes of this cycle, in config order: every target is scraped unless it is still busy
+        with its last scrape. Fetch and parse end at the scrape timeout, but shaping tens of thousands
+        of new series (a rollout, pod churn) may take a target longer: the cycle waits ``timeout``
+        at most, and a target still at work finishes in the background; its scrape joins the first
+        cycle after, and it is not scraped again meanwhile. So its time is its own, never its
+        neighbours' (as in Prometheus, where each target has a scrape loop of its own). ``timeout``
+        None (shutdown): only the scrapes still running, waited for."""
+        if timeout is not None:
+            for loop in self.loops:
+                if loop not in self._running:
+                    self._running[loop] = self.pool.submit(loop.run_once)
+        wait(self._running.values(), timeout=timeout)
+        shaped = []
+        for loop in self.loops:
+            future = self._running.get(loop)
+            if future is None:
+                continue
+            name = loop.target.name
+            if not future.done():
+                self._missed.add(loop)
+                if name not in self._slow:
+                    self._slow.add(name)
+                    log.warning(
+                        "target %s is still shaping its scrape after the scrape timeout (many new "
+                        "series?): it goes out with a later cycle, and %s is not scraped until it is done",
+                        name,
+                        name,
+                    )
+                continue
+            del self._running[loop]
+            if loop in self._missed:
+                self._missed.discard(loop)
+            elif name in self._slow:
+                self._slow.discard(name)
+                log.info("target %s is shaped within its cycle again", name)
+            shaped.append(future.result())
+        return shaped
+
+    def _take(self, shaped: list[ShapedScrape]) -> int:
+        """One cycle's scrapes through the budget into the spool, then the cycle's housekeeping.
+        Returns the number of samples spooled."""
         raw = shaped  # what the flight recorder keeps: the scrapes before the budget shapes them
         self.ledger.flush()
         self._record_dropped(shaped)
@@ -473,6 +528,11 @@ class Relay:
 
     def shutdown(self, drain_seconds: float = 5.0) -> None:
         self.stop_event.set()
+        if self._running:  # scrapes still being shaped: spooled as one last cycle, not dropped
+            try:
+                self._take(self._scrape(None))
+            except Exception:
+                log.exception("cannot spool the scrapes still being shaped at shutdown")
         # Open aggregation windows and the open batch window leave now, not after a restart.
         try:
             if self.budget is not None:

@@ -76,6 +76,10 @@ _UNSUPPORTED_GROUPS: Final = (
     ("(?#", "comments"),
 )
 _SURROGATES: Final = re.compile("[\ud800-\udfff]")
+# ``Regex.matches`` remembers its answers for short values: label names (labeldrop, labelmap) and metric
+# names recur on every series, and a lookup costs a twentieth of a call into RE2. Cleared when full.
+_MEMO_ENTRIES: Final = 4096
+_MEMO_VALUE_CHARS: Final = 256
 
 
 class RegexError(ValueError):
@@ -487,10 +491,11 @@ class Regex:
     """``pattern`` as Prometheus 3 compiles it (``^(?s:<pattern>)$``), matched in linear time.
     ``RegexError`` for a pattern Go (or Prometheus, or RE2's memory budget) refuses."""
 
-    __slots__ = ("_boolean", "_capturing", "groups", "indexes", "pattern")
+    __slots__ = ("_boolean", "_capturing", "_memo", "groups", "indexes", "pattern")
 
     def __init__(self, pattern: str) -> None:
         self.pattern = pattern
+        self._memo: dict[str, bool] = {}
         translation = translate(pattern)
         text = f"(?s:{translation.text})"
         self.groups = len(translation.names)
@@ -511,11 +516,20 @@ class Regex:
 
     def matches(self, value: str) -> bool:
         """Whether the whole of ``value`` matches."""
+        memo = self._memo
+        hit = memo.get(value)
+        if hit is not None:
+            return hit
         try:
             data = value.encode()
         except UnicodeEncodeError:
             data = _valid_utf8(value).encode()
-        return self._boolean.fullmatch(data) is not None
+        hit = self._boolean.fullmatch(data) is not None
+        if len(value) <= _MEMO_VALUE_CHARS:
+            if len(memo) >= _MEMO_ENTRIES:
+                memo.clear()  # shared by the scrape threads: a clear costs them a miss, nothing more
+            memo[value] = hit
+        return hit
 
     def fullmatch(self, value: str) -> Match | None:
         """The match of the whole of ``value``, with its groups; None if it does not match."""

@@ -27,6 +27,7 @@ its decoration cache holds the result, so a stable target costs one dict lookup 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -76,36 +77,55 @@ def _name_end(template: str, i: int) -> int:
     return i
 
 
-def expand(template: str, m: Match) -> str:
-    """``template`` with ``$n``/``${n}``/``$name``/``${name}`` replaced from ``m``, as Go's Expand."""
-    if "$" not in template:
-        return template
-    out: list[str] = []
+@dataclass(frozen=True, slots=True)
+class _Named:
+    name: str
+
+
+@functools.lru_cache(maxsize=1024)
+def _parts(template: str) -> tuple[str | int | _Named, ...]:
+    """``template`` read once as Go's Expand reads it: literal text, group numbers and group names."""
+    parts: list[str | int | _Named] = []
     i = 0
     while True:
         j = template.find("$", i)
         if j < 0:
-            out.append(template[i:])
-            return "".join(out)
-        out.append(template[i:j])
+            parts.append(template[i:])
+            return tuple(p for p in parts if p != "")
+        parts.append(template[i:j])
         i = j + 1
         if template.startswith("$", i):
-            out.append("$")
+            parts.append("$")
             i += 1
             continue
         brace = template.startswith("{", i)
         start = i + 1 if brace else i
         end = _name_end(template, start)
         if end == start or (brace and not template.startswith("}", end)):
-            out.append("$")  # malformed: the `$` stays literal
+            parts.append("$")  # malformed: the `$` stays literal
             continue
         name = template[start:end]
         i = end + 1 if brace else end
         # Go reads up to 9 ASCII digits without a leading zero as a group number, anything else as a name.
         if name.isdigit() and name.isascii() and len(name) < 10 and not (name[0] == "0" and len(name) > 1):
-            out.append(m.group(int(name)) or "")
+            parts.append(int(name))
         else:
-            out.append(m.named(name) or "")
+            parts.append(_Named(name))
+
+
+def expand(template: str, m: Match) -> str:
+    """``template`` with ``$n``/``${n}``/``$name``/``${name}`` replaced from ``m``, as Go's Expand."""
+    if "$" not in template:
+        return template
+    out = []
+    for part in _parts(template):
+        if isinstance(part, str):
+            out.append(part)
+        elif isinstance(part, int):
+            out.append(m.group(part) or "")
+        else:
+            out.append(m.named(part.name) or "")
+    return "".join(out)
 
 
 # --- rules -----------------------------------------------------------------------------------------

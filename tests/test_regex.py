@@ -203,6 +203,16 @@ def test_a_lone_surrogate_is_matched_as_go_reads_an_invalid_byte() -> None:
     assert m is not None and m.group(1) == "\udcff" and m.group(2) == "1"  # the original character
 
 
+def test_remembered_answers_are_the_answers() -> None:
+    """``matches`` remembers short values' answers and starts over when it holds too many: the answers
+    stay RE2's (checked against ``fullmatch``, which remembers nothing)."""
+    regex = Regex("(?i)[a-f]+_[0-9]{2}")
+    values = [f"{n:x}_{n % 1000:d}" for n in range(10_000)] + ["x" * 300, "ABC_12"]
+    for _ in range(2):
+        for value in values:
+            assert regex.matches(value) == (regex.fullmatch(value) is not None), value
+
+
 # --- linear time ---------------------------------------------------------------------------------------
 
 POD = "llm-triton-server-7d9f8b6c5d-x0001"

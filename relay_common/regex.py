@@ -23,15 +23,17 @@ an NFA simulation when captures are wanted, so every match costs time linear in 
     wrapper, a ``\\Q`` without ``\\E`` (Prometheus reads its closing ``)$`` as text and fails);
   - spelt for C++ RE2 where it reads text differently from Go: a ``{`` that starts no repeat in Go
     (``a{,2}``, ``a{01}``: Go's counts take no leading zero) is a literal; ``\\_`` is ``_``; octal
-    (``\\012``), hex and the C escapes become ``\\x{..}``; capture groups are written unnamed (C++ RE2
-    refuses a repeated name and names Go refuses) and their names kept here, for ``$name``;
+    (``\\012``), hex and the C escapes become ``\\x{..}``; a part repeated ``{0}`` is written as its
+    groups alone (C++ RE2 counts what is inside among nested repeats, Go does not); capture groups are
+    written unnamed and their names kept here, so ``$name`` resolves as in Go (the leftmost group of
+    that name that took part: Go takes a name twice);
   - taken as written: ``\\d \\w \\s \\b \\B`` (ASCII, in both), ``\\pL``, ``\\p{Greek}``, ``\\PL``,
     ``\\p{^Greek}``, POSIX classes (negated too: ``[[:^alpha:]]``), flag groups anywhere (``a(?i)b``),
     the ``U`` (ungreedy) flag, ``(?<name>`` (Go 1.22) beside ``(?P<name>``, ``\\Q...\\E``.
 
 - ``Regex`` compiles the result as Prometheus 3 does (``^(?s:<regex>)$``: anchored at both ends, ``.``
-  matching a newline) and answers ``matches`` (a DFA without captures) and ``fullmatch`` (a ``Match``
-  with the groups, for ``relabel.expand``).
+  matching a newline) and answers ``matches`` (a DFA without captures; the answers for short values
+  remembered, within a bound) and ``fullmatch`` (a ``Match`` with the groups, for ``relabel.expand``).
 
 Strings: RE2 reads UTF-8, and a Python ``str`` with a lone surrogate (how ``surrogateescape`` carries an
 undecodable byte) has none. Go reads an invalid byte as U+FFFD, so each lone surrogate is matched as

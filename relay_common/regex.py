@@ -39,8 +39,11 @@ Strings: RE2 reads UTF-8, and a Python ``str`` with a lone surrogate (how ``surr
 undecodable byte) has none. Go reads an invalid byte as U+FFFD, so each lone surrogate is matched as
 U+FFFD; a capture gives back the original characters.
 
-A pattern RE2 can compile only into a program above its memory budget (8 MiB: ``\\pL{1000}``) is
-refused with RE2's reason ("pattern too large"), which Go would have taken.
+Bounds: RE2 gives each compiled program a memory budget (8 MiB), for the program and its DFA's cache of
+states. A pattern whose program does not fit (``\\pL{1000}``) is refused with RE2's reason ("pattern too
+large"), which Go would have taken; values that drive a pattern through more states than the cache
+holds (``.*a.{20}`` over random text) make RE2 start the cache over or fall back to its NFA: slower per
+character, still linear, never more memory.
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ passes what one returns to the next; the decisions are the parts' own. Data flow
 calls back into ``Relay``.
 
 Scrapes run on a fixed grid of ``interval_seconds``; all targets of one tick are scraped in parallel
-and their samples go into the spool before the uplink is woken. A cycle that overruns skips the grid
-points it missed instead of scraping in a burst.
+and their samples go into the spool before the uplink is woken (a target still shaping after the
+scrape timeout joins a later cycle: ``collect.targets``). A cycle that overruns skips the grid points it
+missed instead of scraping in a burst.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from edge_relay import settings as settings_mod
 from edge_relay.anomaly.pastparts import PastParts
 from edge_relay.budget.model import PRESET_COUNTERS
 from edge_relay.budget.runtime import BudgetRuntime
+from edge_relay.collect.shape import ShapedScrape
 from edge_relay.collect.targets import Collector
 from edge_relay.commands import checkconfig
 from edge_relay.encode.batches import BatchEncoder
@@ -194,9 +196,13 @@ class Relay:
 
     def cycle(self) -> int:
         """One scrape of every target, spooled. Returns the number of samples spooled."""
-        budget = self.budget
         self.ledger.flush()
-        raw = self.collector.collect()  # what the flight recorder keeps: before the budget shapes it
+        return self._take(self.collector.collect())
+
+    def _take(self, raw: list[ShapedScrape]) -> int:
+        """A cycle's scrapes through the budget into the spool, then the cycle's housekeeping. ``raw``
+        is what the flight recorder keeps: the scrapes before the budget shapes them."""
+        budget = self.budget
         shaped = raw
         if budget is not None:
             # On the raw scrapes, before the budget shapes them: a detection exempts the GPU's series
@@ -256,6 +262,11 @@ class Relay:
 
     def shutdown(self, drain_seconds: float = 5.0) -> None:
         self.stop_event.set()
+        if self.collector.busy:  # scrapes still being shaped: spooled as one last cycle, not dropped
+            try:
+                self._take(self.collector.collect_remaining())
+            except Exception:
+                log.exception("cannot spool the scrapes still being shaped at shutdown")
         # Open aggregation windows and the open batch window leave now, not after a restart.
         try:
             if self.budget is not None:

@@ -1,267 +1,548 @@
-"""Whole-string regex matching in time linear in the string, for patterns from outside the node.
+"""The one regex engine for every pattern a user writes: relabel rules, budget class matchers, backfill
+selectors. RE2 semantics, as Prometheus (Go's ``regexp``) reads them, matched in time linear in the input.
 
-Python's ``re`` backtracks: ``(.*.*)*z`` takes 200 s on an 18-character label value, ``a*a*a*a*z`` 35 s on
-1,000 characters. Prometheus matches with RE2, which never backtracks, so nothing stops a backfill
-request (``edge_relay.recorder.backfill``) from carrying such a pattern, and its matching runs in the relay's
-scrape cycle. ``LinearRegex`` matches what ``relabel.compile_regex`` matches (the same RE2 translation,
-parsed by ``re``'s own parser) with a Thompson NFA instead: every position of the string is visited once,
-with the set of states the pattern can be in. Only "does the whole string match" is answered; captures
-(relabeling's ``$1``) still need ``re``.
+Why not ``re``: it backtracks. ``([a-z0-9]+-?)*-canary`` took 4 s per 34-character pod name, ``(.*.*)*z``
+200 s on 18 characters, and a match holds the GIL, so one target's relabel rule stalled every target's
+scrape. Prometheus never backtracks; neither may the relay.
 
-The state sets met are memoised (a lazy DFA): the closure of a state set at a position depends only on
-the characters on either side (the zero-width assertions RE2 has look no further), so after a few label
-values most steps are two dict lookups.
+The engine is Google's RE2 (``google-re2``, the C++ library Go's ``regexp`` was ported from): a DFA, or
+an NFA simulation when captures are wanted, so every match costs time linear in the string. Two parts:
+
+- ``translate`` reads the pattern as Go's ``regexp/syntax`` does (Perl flags, as ``regexp.Compile``)
+  and writes the same pattern in C++ RE2's spelling, or refuses it with Go's reason and the offset. Go
+  and C++ RE2 agree on almost everything; the pass exists for where they do not, and so a rule is never
+  read differently from Prometheus:
+
+  - refused, as Go refuses them: lookaround, atomic groups, possessive and doubled quantifiers
+    (``a**``, ``a++``), backreferences (``\\1``, ``(?P=n)``), conditionals, comments, recursion, ``\\Z``,
+    ``\\C`` (C++ RE2 takes it), unknown escapes and flags (RE2 knows ``i m s U``), a flag negation with
+    no flag (``(?i-)``), repeat counts over 1000, nested repeats that multiply beyond 1000 copies
+    (``(a{100}){100}``: C++ RE2 agrees), invalid group names, unknown Unicode or POSIX classes,
+    reversed ranges, a pattern that is not valid UTF-8 (a lone surrogate);
+  - refused because Prometheus wraps the pattern in ``^(?s:`` ... ``)$``: a ``)`` that would close the
+    wrapper, a ``\\Q`` without ``\\E`` (Prometheus reads its closing ``)$`` as text and fails);
+  - spelt for C++ RE2 where it reads text differently from Go: a ``{`` that starts no repeat in Go
+    (``a{,2}``, ``a{01}``: Go's counts take no leading zero) is a literal; ``\\_`` is ``_``; octal
+    (``\\012``), hex and the C escapes become ``\\x{..}``; a part repeated ``{0}`` is written as its
+    groups alone (C++ RE2 counts what is inside among nested repeats, Go does not); capture groups are
+    written unnamed and their names kept here, so ``$name`` resolves as in Go (the leftmost group of
+    that name that took part: Go takes a name twice);
+  - taken as written: ``\\d \\w \\s \\b \\B`` (ASCII, in both), ``\\pL``, ``\\p{Greek}``, ``\\PL``,
+    ``\\p{^Greek}``, POSIX classes (negated too: ``[[:^alpha:]]``), flag groups anywhere (``a(?i)b``),
+    the ``U`` (ungreedy) flag, ``(?<name>`` (Go 1.22) beside ``(?P<name>``, ``\\Q...\\E``.
+
+- ``Regex`` compiles the result as Prometheus 3 does (``^(?s:<regex>)$``: anchored at both ends, ``.``
+  matching a newline) and answers ``matches`` (a DFA without captures; the answers for short values
+  remembered, within a bound) and ``fullmatch`` (a ``Match`` with the groups, for ``relabel.expand``).
+
+Strings: RE2 reads UTF-8, and a Python ``str`` with a lone surrogate (how ``surrogateescape`` carries an
+undecodable byte) has none. Go reads an invalid byte as U+FFFD, so each lone surrogate is matched as
+U+FFFD; a capture gives back the original characters.
+
+Bounds: RE2 gives each compiled program a memory budget (8 MiB), for the program and its DFA's cache of
+states. A pattern whose program does not fit (``\\pL{1000}``) is refused with RE2's reason ("pattern too
+large"), which Go would have taken; values that drive a pattern through more states than the cache
+holds (``.*a.{20}`` over random text) make RE2 start the cache over or fall back to its NFA: slower per
+character, still linear, never more memory.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from re import _constants as C  # type: ignore[attr-defined]
-from re import _parser  # type: ignore[attr-defined]
+from dataclasses import dataclass
+from typing import Final, Protocol
 
-from relay_common.relabel import RelabelError, translate_re2
+import re2
 
-# Instructions: (CHAR, predicate) consumes one character; (SPLIT, a, b) and (JMP, a) branch without
-# consuming; (ASSERT, predicate of (before, after)) is zero-width; MATCH ends a match.
-_CHAR, _SPLIT, _JMP, _ASSERT, _MATCH = range(5)
-# A pattern whose counted repeats expand to more instructions than this is refused (``(a{1000}){1000}``).
-MAX_INSTRUCTIONS = 20_000
-_MEMO_MAX = 50_000
+MAX_REPEAT: Final = 1000  # Go's and RE2's limit on a repeat count, and on nested repeats' product
+_MAX_RUNE: Final = 0x10FFFF
 
-CharTest = Callable[[str], bool]
-PositionTest = Callable[[str | None, str | None], bool]
-
-
-def _is_word(ch: str | None) -> bool:
-    """RE2's \\b looks at ASCII word characters only."""
-    return ch is not None and ch.isascii() and (ch.isalnum() or ch == "_")
-
-
-_CATEGORIES: dict[object, CharTest] = {
-    C.CATEGORY_DIGIT: lambda c: c.isdigit(),
-    C.CATEGORY_NOT_DIGIT: lambda c: not c.isdigit(),
-    C.CATEGORY_SPACE: lambda c: c.isspace(),
-    C.CATEGORY_NOT_SPACE: lambda c: not c.isspace(),
-    C.CATEGORY_WORD: lambda c: c.isalnum() or c == "_",
-    C.CATEGORY_NOT_WORD: lambda c: not (c.isalnum() or c == "_"),
-}
-
-
-class _Compiler:
-    def __init__(self, pattern: str) -> None:
-        self.pattern = pattern
-        self.prog: list[tuple] = []
-
-    def fail(self, why: str) -> RelabelError:
-        return RelabelError("", f"regex {self.pattern!r}: {why}")
-
-    def emit(self, *ins: object) -> int:
-        if len(self.prog) >= MAX_INSTRUCTIONS:
-            raise self.fail(f"its repeats expand to more than {MAX_INSTRUCTIONS} states")
-        self.prog.append(ins)
-        return len(self.prog) - 1
-
-    def char_test(self, op: object, av: object, flags: int) -> CharTest | None:
-        """The predicate of a one-character node, or None if ``op`` is not one."""
-        negate = False
-        test: CharTest
-        if op is C.LITERAL:
-            test = chr(av).__eq__  # type: ignore[arg-type]
-        elif op is C.NOT_LITERAL:
-            test, negate = chr(av).__eq__, True  # type: ignore[arg-type]
-        elif op is C.ANY:
-            return (lambda c: True) if flags & re.DOTALL else (lambda c: c != "\n")
-        elif op is C.IN:
-            test, negate = self.class_test(av)  # type: ignore[arg-type]
-        else:
-            return None
-        if flags & re.IGNORECASE:
-            # Folded before the negation: (?i)[^a] refuses "A" too.
-            positive = test
-
-            def folded(c: str, positive: CharTest = positive) -> bool:
-                return positive(c) or positive(c.lower()) or positive(c.upper())
-
-            test = folded
-        if negate:
-            return lambda c, test=test: not test(c)
-        return test
-
-    def class_test(self, items: list[tuple[object, object]]) -> tuple[CharTest, bool]:
-        """A class's items as one predicate, and whether the class is negated."""
-        negate = bool(items) and items[0][0] is C.NEGATE
-        tests: list[CharTest] = []
-        for op, av in items[1:] if negate else items:
-            if op is C.LITERAL:
-                tests.append(chr(av).__eq__)  # type: ignore[arg-type]
-            elif op is C.RANGE:
-                lo, hi = chr(av[0]), chr(av[1])  # type: ignore[index]
-                tests.append(lambda c, lo=lo, hi=hi: lo <= c <= hi)
-            elif op is C.CATEGORY and av in _CATEGORIES:
-                tests.append(_CATEGORIES[av])
-            else:
-                raise self.fail(f"the class item {op} is not supported here")
-        return (lambda c: any(t(c) for t in tests)), negate
-
-    def position_test(self, op: object, av: object, flags: int) -> PositionTest:
-        if op is C.AT:
-            multi = bool(flags & re.MULTILINE)
-            if av is C.AT_BEGINNING_STRING or (av is C.AT_BEGINNING and not multi):
-                return lambda before, after: before is None
-            if av is C.AT_BEGINNING:
-                return lambda before, after: before is None or before == "\n"
-            if av is C.AT_END_STRING:
-                return lambda before, after: after is None
-            if av is C.AT_END:
-                if multi:
-                    return lambda before, after: after is None or after == "\n"
-                return lambda before, after: after is None  # the translation writes \Z for RE2's `$`
-            if av is C.AT_BOUNDARY:
-                return lambda before, after: _is_word(before) != _is_word(after)
-            if av is C.AT_NON_BOUNDARY:
-                return lambda before, after: _is_word(before) == _is_word(after)
-            raise self.fail(f"the assertion {av} is not supported here")
-        # A one-character lookaround, as the translation writes RE2's \b: (?<=[w]) (?![w]) ..., or one
-        # around such tests only (\B: (?!\b)), which looks at the same two characters.
-        direction, sub = av  # type: ignore[misc]
-        nodes = list(sub)
-        want = op is C.ASSERT
-        test = self.char_test(*nodes[0], flags) if len(nodes) == 1 else None
-        if test is None:
-            inner = self.zero_width_test(nodes, flags)
-            return lambda before, after: inner(before, after) == want
-        if direction < 0:
-            return lambda before, after: (before is not None and test(before)) == want
-        return lambda before, after: (after is not None and test(after)) == want
-
-    def zero_width_test(self, nodes: list[tuple[object, object]], flags: int) -> PositionTest:
-        """A sequence of zero-width nodes (assertions, and groups and alternatives of them) as one test."""
-        tests: list[PositionTest] = []
-        for op, av in nodes:
-            if op in (C.AT, C.ASSERT, C.ASSERT_NOT):
-                tests.append(self.position_test(op, av, flags))
-            elif op is C.SUBPATTERN:
-                _group, add, remove, sub = av  # type: ignore[misc]
-                tests.append(self.zero_width_test(list(sub), (flags | add) & ~remove))
-            elif op is C.BRANCH:
-                alts = [self.zero_width_test(list(alt), flags) for alt in av[1]]  # type: ignore[index]
-                tests.append(lambda before, after, alts=alts: any(t(before, after) for t in alts))
-            else:
-                raise self.fail("only lookarounds of one character, or of assertions, are supported here")
-        return lambda before, after: all(t(before, after) for t in tests)
-
-    def sequence(self, nodes: object, flags: int) -> None:
-        for op, av in nodes:  # type: ignore[attr-defined]
-            self.node(op, av, flags)
-
-    def node(self, op: object, av: object, flags: int) -> None:
-        test = self.char_test(op, av, flags)
-        if test is not None:
-            self.emit(_CHAR, test)
-        elif op is C.SUBPATTERN:
-            _group, add, remove, sub = av  # type: ignore[misc]
-            self.sequence(sub, (flags | add) & ~remove)
-        elif op is C.BRANCH:
-            jumps = []
-            alternatives = av[1]  # type: ignore[index]
-            for k, alt in enumerate(alternatives):
-                if k < len(alternatives) - 1:
-                    split = self.emit(_SPLIT, 0, 0)
-                    self.sequence(alt, flags)
-                    jumps.append(self.emit(_JMP, 0))
-                    self.prog[split] = (_SPLIT, split + 1, len(self.prog))
-                else:
-                    self.sequence(alt, flags)
-            for j in jumps:
-                self.prog[j] = (_JMP, len(self.prog))
-        elif op in (C.MAX_REPEAT, C.MIN_REPEAT):  # the same set of matches: no captures here
-            low, high, sub = av  # type: ignore[misc]
-            for _ in range(low):
-                self.sequence(sub, flags)
-            if high == C.MAXREPEAT:
-                split = self.emit(_SPLIT, 0, 0)
-                self.sequence(sub, flags)
-                self.emit(_JMP, split)
-                self.prog[split] = (_SPLIT, split + 1, len(self.prog))
-            else:
-                splits = []
-                for _ in range(high - low):
-                    splits.append(self.emit(_SPLIT, 0, 0))
-                    self.sequence(sub, flags)
-                for s in splits:
-                    self.prog[s] = (_SPLIT, s + 1, len(self.prog))
-        elif op in (C.AT, C.ASSERT, C.ASSERT_NOT):
-            self.emit(_ASSERT, self.position_test(op, av, flags))
-        else:
-            raise self.fail(f"{op} is not supported here")
+_ASSERTIONS: Final = frozenset("AbBz")  # zero-width escapes; Go lets a quantifier follow them
+_PERL_CLASSES: Final = frozenset("dDsSwW")
+_C_ESCAPES: Final = {"a": 0x07, "f": 0x0C, "t": 0x09, "n": 0x0A, "r": 0x0D, "v": 0x0B}
+_POSIX_CLASSES: Final = frozenset(
+    {"alnum", "alpha", "ascii", "blank", "cntrl", "digit", "graph", "lower", "print", "punct", "space"}
+    | {"upper", "word", "xdigit"}
+)
+_HEX_DIGITS: Final = frozenset("0123456789abcdefABCDEF")
+_OCTAL_DIGITS: Final = frozenset("01234567")
+# Go's parseRepeat and parseInt: ASCII digits, no leading zero; anything else after `{` is literal text.
+_REPEAT: Final = re.compile(r"\{(0|[1-9][0-9]*)(?:(,)(0|[1-9][0-9]*)?)?\}")
+_FLAGS: Final = re.compile(r"\(\?([a-zA-Z]*)(?:(-)([a-zA-Z]*))?([:)])")
+_UNSUPPORTED_GROUPS: Final = (
+    ("(?=", "lookahead"),
+    ("(?!", "negative lookahead"),
+    ("(?<=", "lookbehind"),
+    ("(?<!", "negative lookbehind"),
+    ("(?>", "atomic groups"),
+    ("(?P=", "backreferences"),
+    ("(?P>", "recursion"),
+    ("(?(", "conditionals"),
+    ("(?#", "comments"),
+)
+_SURROGATES: Final = re.compile("[\ud800-\udfff]")
+# ``Regex.matches`` remembers its answers for short values: label names (labeldrop, labelmap) and metric
+# names recur on every series, and a lookup costs a twentieth of a call into RE2. Cleared when full.
+_MEMO_ENTRIES: Final = 4096
+_MEMO_VALUE_CHARS: Final = 256
 
 
-class LinearRegex:
-    """``pattern`` (RE2) anchored at both ends, dot matching newlines (as ``relabel.compile_regex``),
-    matched in linear time. ``RelabelError`` for a pattern RE2 refuses or this matcher does not take."""
+class RegexError(ValueError):
+    """A pattern Prometheus would refuse; ``why`` says what, and where."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(why)
+        self.why = why
+
+
+def _char(code: int) -> str:
+    """One character in C++ RE2 spelling, the same inside and outside a bracket."""
+    c = chr(code)
+    if c.isascii() and (c.isalnum() or c == "_"):
+        return c
+    return f"\\x{{{code:X}}}"
+
+
+def _is_name(name: str) -> bool:
+    """Go's isValidCaptureName: ASCII letters, digits and ``_``, any first character."""
+    return bool(name) and all(c == "_" or (c.isascii() and c.isalnum()) for c in name)
+
+
+@dataclass(frozen=True, slots=True)
+class Translation:
+    text: str  # C++ RE2 syntax, not yet anchored
+    names: tuple[str | None, ...]  # capture group 1, 2, ...: its name, or None
+
+
+class _GoSyntax:
+    """One pass over a pattern the way Go's ``regexp/syntax`` parses it, writing C++ RE2 text."""
 
     def __init__(self, pattern: str) -> None:
-        self.pattern = pattern
-        translated = f"(?s:{translate_re2(pattern)})"
-        try:
-            parsed = _parser.parse(translated)
-        except re.error as e:
-            raise RelabelError("", f"not a valid regex {pattern!r}: {e}") from e
-        compiler = _Compiler(pattern)
-        compiler.sequence(parsed, parsed.state.flags)
-        compiler.emit(_MATCH)
-        self._prog = compiler.prog
-        self._closures: dict[tuple[frozenset[int], str | None, str | None], frozenset[int]] = {}
-        self._steps: dict[tuple[frozenset[int], str], frozenset[int]] = {}
+        self.p = pattern
+        self.i = 0
+        self.out: list[str] = []
+        self.names: list[str | None] = []
+        # Per open group (the pattern itself first): the most copies a repeat inside it makes of any
+        # one part, for Go's check that nested repeats stay within MAX_REPEAT copies.
+        self.copies = [1]
+        self.can_repeat = False  # there is something a quantifier would repeat
+        self.repeated = False  # the last token was a quantifier (Go refuses a second one right after)
+        self.last_copies = 1  # copies inside the thing a quantifier would repeat
+        # Where that thing's text is in ``out`` (from, to) and the groups opened before it.
+        self.last_span = (0, 0, 0)
+        self.opened: list[tuple[int, int]] = []  # per open group: where it starts, groups before it
 
-    def _closure(self, seeds: frozenset[int], before: str | None, after: str | None) -> frozenset[int]:
-        """The consuming (and matching) states reachable from ``seeds`` without consuming, between the
-        characters ``before`` and ``after`` (None: an end of the string)."""
-        key = (seeds, before, after)
-        got = self._closures.get(key)
-        if got is not None:
-            return got
-        prog, out, seen, stack = self._prog, set(), set(), list(seeds)
-        while stack:
-            pc = stack.pop()
-            if pc in seen:
+    def fail(self, why: str) -> RegexError:
+        return RegexError(f"{why} (at offset {self.i} of {self.p!r})")
+
+    def run(self) -> Translation:
+        p = self.p
+        bad = _SURROGATES.search(p)
+        if bad is not None:
+            self.i = bad.start()
+            raise self.fail("invalid UTF-8 (a lone surrogate)")
+        while self.i < len(p):
+            c = p[self.i]
+            if c == "\\":
+                self.escape()
+            elif c == "[":
+                self.bracket()
+            elif c == "(":
+                self.group()
+            elif c == ")":
+                if len(self.copies) == 1:
+                    raise self.fail("unmatched `)`")
+                self.i += 1
+                self.commit()
+                inside = self.copies.pop()
+                self.can_repeat = False  # its last part counted already, inside
+                self.item(")", inside, self.opened.pop())
+            elif c in "*+?{":
+                self.quantifier()
+            elif c == "|":
+                self.i += 1
+                self.commit()
+                self.out.append("|")
+                self.can_repeat = self.repeated = False
+            else:  # `^ $ .` are written alike; any other character is itself
+                self.i += 1
+                self.item(c if c in "^$." else _char(ord(c)))
+        if len(self.copies) != 1:
+            raise self.fail("missing `)`")
+        return Translation("".join(self.out), tuple(self.names))
+
+    def item(self, text: str, copies: int = 1, began: tuple[int, int] | None = None) -> None:
+        """Something a quantifier can follow (Go lets one follow `^`, `$` and `\\b` too); ``began``:
+        where a group ending here started."""
+        self.commit()
+        start, groups_before = began if began is not None else (len(self.out), len(self.names))
+        self.out.append(text)
+        self.can_repeat, self.repeated, self.last_copies = True, False, copies
+        self.last_span = (start, len(self.out), groups_before)
+
+    def commit(self) -> None:
+        """Count the last part, with whatever quantifiers it got, in its group's copies."""
+        if self.can_repeat:
+            self.copies[-1] = max(self.copies[-1], self.last_copies)
+
+    def quantifier(self) -> None:
+        p, start, c = self.p, self.i, self.p[self.i]
+        factor = 1
+        if c == "{":
+            m = _REPEAT.match(p, start)
+            if m is None:  # Go reads a `{` that starts no repeat as a literal
+                self.i += 1
+                self.item(_char(ord("{")))
+                return
+            low = int(m[1])
+            high = low if m[2] is None else (int(m[3]) if m[3] is not None else None)
+            if low > MAX_REPEAT or (high is not None and high > MAX_REPEAT):
+                raise self.fail(f"invalid repeat count: above {MAX_REPEAT}")
+            if high is not None and high < low:
+                raise self.fail("invalid repeat count: the maximum is below the minimum")
+            # Go's repeatIsValid: x{0} is not looked into; x{n,} counts n copies, x{n,m} m.
+            factor = 0 if high == 0 else (high if high is not None else max(low, 1))
+            self.i = m.end()
+        else:
+            self.i += 1
+        end, self.i = self.i, start  # a refusal points at the quantifier
+        if self.repeated:
+            raise self.fail("RE2 refuses a repeated quantifier (possessive `*+`, `++`, or `**`)")
+        if not self.can_repeat:
+            raise self.fail("quantifier without anything to repeat")
+        if end < len(p) and p[end] == "?":
+            end += 1
+        copies = factor * self.last_copies
+        if copies > MAX_REPEAT:
+            raise self.fail(
+                f"invalid repeat count: {p[start:end]} of a part already repeated "
+                f"{self.last_copies} times makes more than {MAX_REPEAT} copies"
+            )
+        self.i = end
+        if factor == 0:
+            # x{0} matches only the empty string and its groups never take part. Go does not look
+            # into it when it counts nested repeats, C++ RE2 does: it gets x's groups alone.
+            first, last, groups_before = self.last_span
+            self.out[first:last] = ["(?:" + "()" * (len(self.names) - groups_before) + ")"]
+            self.last_span = (first, first + 1, groups_before)
+        self.out.append(p[start:end])
+        self.repeated, self.last_copies = True, copies
+
+    def group(self) -> None:
+        p, start = self.p, self.i
+        if not p.startswith("(?", start):
+            self.open("(", None)
+            self.i += 1
+            return
+        for prefix, why in _UNSUPPORTED_GROUPS:
+            if p.startswith(prefix, start):
+                raise self.fail(f"RE2 does not support {why}")
+        if p.startswith("(?P<", start) or p.startswith("(?<", start):
+            begin = p.index("<", start) + 1
+            end = p.find(">", begin)
+            if end < 0 or not _is_name(p[begin:end]):
+                raise self.fail("invalid named capture (a name is ASCII letters, digits and `_`)")
+            self.open("(", p[begin:end])
+            self.i = end + 1
+            return
+        m = _FLAGS.match(p, start)
+        if m is None:
+            raise self.fail("invalid or unsupported Perl syntax after `(?`")
+        on, negated, off, end = m[1], m[2] is not None, m[3] or "", m[4]
+        if negated and not off:
+            raise self.fail("invalid flag group: a negation `-` without a flag")
+        for flag in on + off:
+            if flag not in "imsU":
+                raise self.fail(f"RE2 has no flag {flag!r} (it knows i, m, s, U)")
+        self.i = m.end()
+        if end == ":":
+            self.open(m[0], None, capture=False)
+            return
+        # `(?i)`: the flags hold to the end of the enclosing group. It adds no node (Go: a quantifier
+        # right after repeats what came before it), so it is written as it is, where it is.
+        self.out.append(m[0])
+        self.repeated = False
+
+    def open(self, text: str, name: str | None, *, capture: bool = True) -> None:
+        self.commit()
+        self.opened.append((len(self.out), len(self.names)))
+        if capture:
+            self.names.append(name)
+        self.copies.append(1)
+        self.out.append(text)
+        self.can_repeat = self.repeated = False
+
+    def escape(self) -> None:
+        p, i = self.p, self.i
+        if i + 1 >= len(p):
+            raise self.fail("trailing backslash")
+        c = p[i + 1]
+        if c == "Q":
+            end = p.find("\\E", i + 2)
+            if end < 0:
+                raise self.fail("`\\Q` without `\\E`: Prometheus' closing `)$` would be read as text")
+            literal = p[i + 2 : end]
+            self.i = end + 2
+            if not literal:
+                # Adds no node, as in Go: written as the empty flag group, which adds none in RE2 either.
+                self.out.append("(?)")
+                self.repeated = False
+            for ch in literal:  # only the last character takes a following quantifier
+                self.item(_char(ord(ch)))
+            return
+        if c in _ASSERTIONS or c in _PERL_CLASSES:
+            self.i = i + 2
+            self.item(f"\\{c}")
+        elif c in "pP":
+            self.item(self.unicode_class())
+        elif c == "Z":
+            raise self.fail("RE2 has no \\Z: use \\z (end of text)")
+        elif c == "C":
+            raise self.fail("\\C (any byte) is not supported by Go's regexp")
+        else:
+            self.item(_char(self.char_escape()))
+
+    def char_escape(self) -> int:
+        """The character of the escape at ``self.i`` (its backslash), as Go's parseEscape reads it;
+        ``self.i`` ends past it."""
+        p = self.p
+        start = self.i
+        c = p[start + 1]
+        self.i = start + 2
+        if c in _C_ESCAPES:
+            return _C_ESCAPES[c]
+        if c in "1234567" and not (self.i < len(p) and p[self.i] in _OCTAL_DIGITS):
+            self.i = start
+            raise self.fail("RE2 does not support backreferences (\\1): octal needs two digits (\\012)")
+        if c in _OCTAL_DIGITS:  # up to two more octal digits
+            code = int(c)
+            for _ in range(2):
+                if self.i < len(p) and p[self.i] in _OCTAL_DIGITS:
+                    code = code * 8 + int(p[self.i])
+                    self.i += 1
+            return code
+        if c == "x":
+            return self.hex_escape()
+        if c.isascii() and not c.isalnum():  # punctuation is itself; Go takes `\_` too
+            return ord(c)
+        self.i = start
+        raise self.fail(f"RE2 does not know the escape \\{c}")
+
+    def hex_escape(self) -> int:
+        p = self.p
+        if p.startswith("{", self.i):
+            end = self.i + 1
+            code = 0
+            while end < len(p) and p[end] in _HEX_DIGITS:
+                code = code * 16 + int(p[end], 16)
+                if code > _MAX_RUNE:
+                    raise self.fail("invalid escape sequence: \\x{..} above 10FFFF")
+                end += 1
+            if end == self.i + 1 or not p.startswith("}", end):
+                raise self.fail("invalid escape sequence: \\x{..} takes hex digits")
+            self.i = end + 1
+            return code
+        digits = p[self.i : self.i + 2]
+        if len(digits) != 2 or not set(digits) <= _HEX_DIGITS:
+            raise self.fail("invalid escape sequence: \\x takes two hex digits")
+        self.i += 2
+        return int(digits, 16)
+
+    def unicode_class(self) -> str:
+        """``\\pN``, ``\\p{Name}``, ``\\p{^Name}`` (and ``\\P``) at ``self.i``, checked by RE2 itself:
+        its tables and Go's have the same names (categories, scripts, ``Any``)."""
+        p, start = self.p, self.i
+        if start + 2 >= len(p):
+            raise self.fail("invalid character class range: \\p needs a class name")
+        if p[start + 2] == "{":
+            end = p.find("}", start + 3)
+            if end < 0:
+                raise self.fail("invalid character class range: missing `}`")
+            end += 1
+        else:
+            end = start + 3
+        text = p[start:end]
+        name = text[3:-1] if p[start + 2] == "{" else text[2:]
+        if not name.isascii() or not _compiles(text):
+            raise self.fail(f"invalid character class range {text}")
+        self.i = end
+        return text
+
+    def bracket(self) -> None:
+        p = self.p
+        start = self.i
+        self.i += 1
+        parts = ["["]
+        if p.startswith("^", self.i):
+            parts.append("^")
+            self.i += 1
+        first = True  # `]` first is a literal
+        while True:
+            if self.i >= len(p):
+                self.i = start
+                raise self.fail("missing `]`")
+            if p[self.i] == "]" and not first:
+                self.i += 1
+                break
+            first = False
+            item, low = self.class_item()
+            if low is None or not (p.startswith("-", self.i) and not p.startswith("-]", self.i)):
+                parts.append(item)
                 continue
-            seen.add(pc)
-            ins = prog[pc]
-            kind = ins[0]
-            if kind == _SPLIT:
-                stack += (ins[2], ins[1])
-            elif kind == _JMP:
-                stack.append(ins[1])
-            elif kind == _ASSERT:
-                if ins[1](before, after):
-                    stack.append(pc + 1)
-            else:
-                out.add(pc)
-        got = frozenset(out)
-        if len(self._closures) > _MEMO_MAX:
-            self._closures.clear()
-        self._closures[key] = got
-        return got
+            self.i += 1
+            range_start = self.i
+            high = self.class_char()
+            if high < low:
+                self.i = range_start
+                raise self.fail(f"invalid character class range {chr(low)}-{chr(high)}")
+            parts.append(f"{item}-{_char(high)}")
+        parts.append("]")
+        self.item("".join(parts))
 
-    def _step(self, states: frozenset[int], ch: str) -> frozenset[int]:
-        key = (states, ch)
-        got = self._steps.get(key)
-        if got is None:
-            prog = self._prog
-            got = frozenset(pc + 1 for pc in states if prog[pc][0] == _CHAR and prog[pc][1](ch))
-            if len(self._steps) > _MEMO_MAX:
-                self._steps.clear()
-            self._steps[key] = got
-        return got
+    def class_item(self) -> tuple[str, int | None]:
+        """One item of a bracket in RE2 spelling, and its character if it is a single one."""
+        p = self.p
+        if p.startswith("[:", self.i):
+            end = p.find(":]", self.i + 2)
+            if end >= 0:  # else (Go) not a class name: `[` is a literal
+                name = p[self.i + 2 : end]
+                if name.removeprefix("^") not in _POSIX_CLASSES:
+                    raise self.fail(f"unknown POSIX class [:{name}:]")
+                self.i = end + 2
+                return f"[:{name}:]", None
+        if p.startswith("\\", self.i) and self.i + 1 < len(p):
+            e = p[self.i + 1]
+            if e in "pP":
+                return self.unicode_class(), None
+            if e in _PERL_CLASSES:
+                self.i += 2
+                return f"\\{e}", None
+        code = self.class_char()
+        return _char(code), code
 
-    def fullmatch(self, value: str) -> bool:
-        n = len(value)
-        states = self._closure(frozenset((0,)), None, value[0] if n else None)
-        for i, ch in enumerate(value):
-            seeds = self._step(states, ch)
-            if not seeds:
-                return False
-            states = self._closure(seeds, ch, value[i + 1] if i + 1 < n else None)
-        return any(self._prog[pc][0] == _MATCH for pc in states)
+    def class_char(self) -> int:
+        """Go's parseClassChar: any escape a character may be written as, or the character."""
+        p = self.p
+        if self.i >= len(p):
+            raise self.fail("missing `]`")
+        if p[self.i] != "\\":
+            self.i += 1
+            return ord(p[self.i - 1])
+        if self.i + 1 >= len(p):
+            raise self.fail("trailing backslash")
+        return self.char_escape()
+
+
+_OPTIONS: Final = re2.Options()
+_OPTIONS.log_errors = False  # a refusal is the caller's to report, not RE2's to print on stderr
+_BOOLEAN_OPTIONS: Final = re2.Options()
+_BOOLEAN_OPTIONS.log_errors = False
+_BOOLEAN_OPTIONS.never_capture = True  # "does it match" runs on the DFA alone
+
+
+def _compiles(text: str) -> bool:
+    try:
+        re2.compile(text, _OPTIONS)
+    except re2.error:
+        return False
+    return True
+
+
+def translate(pattern: str) -> Translation:
+    """``pattern`` as Go reads it, in C++ RE2's spelling; ``RegexError`` (Go's reason, and where) if
+    Go or Prometheus would refuse it."""
+    return _GoSyntax(pattern).run()
+
+
+def _valid_utf8(value: str) -> str:
+    """``value`` with every lone surrogate as U+FFFD, as Go reads an invalid byte."""
+    return _SURROGATES.sub("\ufffd", value)
+
+
+class _Spans(Protocol):
+    def span(self, group: int) -> tuple[int, int]: ...
+
+
+class Match:
+    """A match's groups, as slices of the string that was matched."""
+
+    __slots__ = ("_match", "_regex", "_text")
+
+    def __init__(self, regex: Regex, text: str | bytes, match: _Spans) -> None:
+        self._regex = regex
+        self._text = text  # UTF-8, or (with a lone surrogate) the str, as the spans count
+        self._match = match
+
+    def group(self, index: int) -> str | None:
+        """Group ``index`` (0: the whole match); None if it took no part, or there is no such group."""
+        if not 0 <= index <= self._regex.groups:
+            return None
+        start, end = self._match.span(index)
+        if start < 0:
+            return None
+        piece = self._text[start:end]
+        return piece.decode() if isinstance(piece, bytes) else piece
+
+    def named(self, name: str) -> str | None:
+        """Go's rule for ``${name}``: the leftmost group of that name that took part."""
+        for index in self._regex.indexes.get(name, ()):
+            got = self.group(index)
+            if got is not None:
+                return got
+        return None
+
+
+class Regex:
+    """``pattern`` as Prometheus 3 compiles it (``^(?s:<pattern>)$``), matched in linear time.
+    ``RegexError`` for a pattern Go (or Prometheus, or RE2's memory budget) refuses."""
+
+    __slots__ = ("_boolean", "_capturing", "_memo", "groups", "indexes", "pattern")
+
+    def __init__(self, pattern: str) -> None:
+        self.pattern = pattern
+        self._memo: dict[str, bool] = {}
+        translation = translate(pattern)
+        text = f"(?s:{translation.text})"
+        self.groups = len(translation.names)
+        indexes: dict[str, list[int]] = {}
+        for index, name in enumerate(translation.names, 1):
+            if name is not None:
+                indexes.setdefault(name, []).append(index)
+        self.indexes = {name: tuple(found) for name, found in indexes.items()}
+        try:
+            self._capturing = re2.compile(text, _OPTIONS)
+            self._boolean = re2.compile(text, _BOOLEAN_OPTIONS) if self.groups else self._capturing
+        except re2.error as e:
+            why = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
+            raise RegexError(f"RE2 refuses {pattern!r}: {why}") from None
+
+    def __repr__(self) -> str:
+        return f"Regex({self.pattern!r})"
+
+    def matches(self, value: str) -> bool:
+        """Whether the whole of ``value`` matches."""
+        memo = self._memo
+        hit = memo.get(value)
+        if hit is not None:
+            return hit
+        try:
+            data = value.encode()
+        except UnicodeEncodeError:
+            data = _valid_utf8(value).encode()
+        hit = self._boolean.fullmatch(data) is not None
+        if len(value) <= _MEMO_VALUE_CHARS:
+            if len(memo) >= _MEMO_ENTRIES:
+                memo.clear()  # shared by the scrape threads: a clear costs them a miss, nothing more
+            memo[value] = hit
+        return hit
+
+    def fullmatch(self, value: str) -> Match | None:
+        """The match of the whole of ``value``, with its groups; None if it does not match."""
+        # Matched as UTF-8: the binding's str path converts every offset back (3x the time).
+        text: str | bytes
+        try:
+            text = data = value.encode()
+        except UnicodeEncodeError:
+            data, text = _valid_utf8(value), value  # spans in characters: slices of the original
+        m = self._capturing.fullmatch(data)
+        return None if m is None else Match(self, text, m)

@@ -17,23 +17,9 @@ same validation at load time (``compile_rules``); and at run time:
   group named ``1x``, which is empty), an unknown or unmatched group expands to nothing, a malformed
   ``$`` stays literal.
 
-Regexes are RE2 in Prometheus and ``re`` here. ``translate_re2`` reads an RE2 pattern and writes the
-``re`` pattern that matches the same strings, or refuses it with the reason, so a rule never silently
-matches something else than it would in Prometheus:
-
-- refused because RE2 refuses them: lookaround, atomic groups, possessive and doubled quantifiers,
-  backreferences (``\\1``, ``(?P=n)``), conditionals, comments, ``\\Z``, ``\\C``, repeat counts over 1000,
-  unknown escapes, flags other than ``i m s U``;
-- refused because ``re`` cannot express them compactly: ``\\p{..}``/``\\pL`` Unicode classes, the ``U``
-  (ungreedy) flag, negated POSIX classes, ``\\D \\W \\S`` inside a bracket, flag groups ``(?i)`` anywhere
-  but at the very start (write ``(?i:...)``);
-- translated: ``\\z`` -> ``\\Z``; ``$`` outside multi-line mode -> ``\\Z`` (``re``'s ``$`` also matches
-  before a final newline); ``(?<name>`` -> ``(?P<name>``; ``\\Q...\\E`` -> the escaped literal;
-  ``[[:alpha:]]`` and the other ASCII POSIX classes -> ranges; ``\\d \\w \\s \\b \\B`` -> their ASCII
-  meaning (RE2's are ASCII, ``re``'s Unicode), while case folding under ``(?i)`` stays Unicode as in
-  RE2; ``\\x{10FFFF}`` -> the character; a ``{`` that does not start a repeat (``a{,3}``) -> a literal;
-  ``[``, ``&``, ``~``, ``|``, ``-`` inside a bracket are escaped (``re`` warns about future set syntax).
-- ``.`` matches a newline, as in Prometheus 3 (which compiles ``^(?s:<regex>)$``; 2.x did not).
+Regexes are RE2, read as Prometheus 3 reads them (``^(?s:<regex>)$``: anchored at both ends, ``.``
+matching a newline), by the one regex engine (``relay_common.regex``): linear in the value, and a
+pattern Go's ``regexp`` refuses is refused at load, with the reason and where.
 
 Only the relay's shape stage runs these rules per series, and only once per distinct exposed label set:
 its decoration cache holds the result, so a stable target costs one dict lookup per series.
@@ -41,11 +27,14 @@ its decoration cache holds the result, so a stable target costs one dict lookup 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
+
+from relay_common.regex import Match, Regex, RegexError
 
 ACTIONS: Final = (
     "replace",
@@ -66,7 +55,6 @@ DEFAULT_REPLACEMENT: Final = "$1"
 LABEL_NAME: Final = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
 # Prometheus' relabelTargetLegacy: a label name in which $var / ${var} may stand for characters.
 _TEMPLATED_NAME: Final = re.compile(r"(?:(?:[a-zA-Z_]|\$(?:\{[0-9A-Za-z_]+\}|[0-9A-Za-z_]+))+[0-9A-Za-z_]*)+")
-_MAX_REPEAT: Final = 1000  # RE2's limit on {n,m}
 
 
 class RelabelError(ValueError):
@@ -76,307 +64,6 @@ class RelabelError(ValueError):
         super().__init__(f"key `{key}`: {why}" if key else why)
         self.key = key
         self.why = why
-
-
-# --- RE2 -> re -----------------------------------------------------------------------------------
-
-_DIGIT, _WORD, _SPACE = "0-9", "0-9A-Za-z_", "\\t\\n\\f\\r "
-_PERL = {"d": _DIGIT, "w": _WORD, "s": _SPACE}
-_POSIX = {
-    "alnum": "0-9A-Za-z",
-    "alpha": "A-Za-z",
-    "ascii": "\\x00-\\x7f",
-    "blank": "\\t ",
-    "cntrl": "\\x00-\\x1f\\x7f",
-    "digit": "0-9",
-    "graph": "!-~",
-    "lower": "a-z",
-    "print": " -~",
-    "punct": "!-/:-@\\[-`{-~",
-    "space": "\\t\\n\\v\\f\\r ",
-    "upper": "A-Z",
-    "word": _WORD,
-    "xdigit": "0-9A-Fa-f",
-}
-_BOUNDARY = f"(?:(?<![{_WORD}])(?=[{_WORD}])|(?<=[{_WORD}])(?![{_WORD}]))"
-_SIMPLE_ESCAPES = {"a": "\\a", "f": "\\f", "t": "\\t", "n": "\\n", "r": "\\r", "v": "\\v"}
-# Go's parseInt: ASCII digits, no leading zero; `a{01}` is the literal text, as any `{` no repeat starts.
-_REPEAT = re.compile(r"\{(0|[1-9][0-9]*)(,(0|[1-9][0-9]*)?)?\}")
-_NAMED = re.compile(r"\(\?P?<([A-Za-z0-9_]+)>")  # RE2 takes both spellings, re (3.11) only (?P<
-_FLAGS = re.compile(r"\(\?([a-zA-Z]*)(?:-([a-zA-Z]*))?([:)])")
-
-
-class _RE2:
-    """One pass over an RE2 pattern, writing the ``re`` equivalent (see the module docstring)."""
-
-    def __init__(self, pattern: str) -> None:
-        self.p = pattern
-        self.i = 0
-        self.out: list[str] = []
-        # Multi-line mode per open group: decides what `$` means.
-        self.multiline = [False]
-        self.base = 1  # depth of the outermost group the pattern may close (2 under a leading (?i))
-        self.can_repeat = False  # the last item can take a quantifier
-        self.repeated = False  # the last item already has one (RE2 refuses a second)
-
-    def fail(self, why: str) -> RelabelError:
-        return RelabelError("", f"{why} (at offset {self.i} of {self.p!r})")
-
-    def run(self) -> str:
-        p = self.p
-        while self.i < len(p):
-            c = p[self.i]
-            if c == "\\":
-                self.escape()
-            elif c == "[":
-                self.bracket()
-            elif c == "(":
-                self.group()
-            elif c == ")":
-                if len(self.multiline) == self.base:
-                    raise self.fail("unmatched `)`")
-                self.multiline.pop()
-                self.emit(")", repeatable=True)
-                self.i += 1
-            elif c in "*+?{":
-                self.quantifier()
-            elif c == "$":
-                self.emit("$" if self.multiline[-1] else "\\Z", repeatable=False)
-                self.i += 1
-            elif c in "^.|":
-                self.emit(c, repeatable=c == ".")
-                self.i += 1
-            else:
-                self.emit(re.escape(c), repeatable=True)
-                self.i += 1
-        if len(self.multiline) != self.base:
-            raise self.fail("missing `)`")
-        return "".join(self.out) + (")" if self.base == 2 else "")
-
-    def emit(self, text: str, *, repeatable: bool) -> None:
-        self.out.append(text)
-        self.can_repeat, self.repeated = repeatable, False
-
-    def quantifier(self) -> None:
-        p, c = self.p, self.p[self.i]
-        if c == "{":
-            m = _REPEAT.match(p, self.i)
-            if m is None:
-                # RE2 reads a `{` that starts no repeat as a literal; re would read `{,3}` as one.
-                self.emit("\\{", repeatable=True)
-                self.i += 1
-                return
-            low, high = int(m[1]), m[3]
-            if low > _MAX_REPEAT or (high and int(high) > _MAX_REPEAT):
-                raise self.fail(f"repeat count above {_MAX_REPEAT} (RE2's limit)")
-            if high and int(high) < low:
-                raise self.fail("invalid repeat range")
-            text, self.i = m[0], m.end()
-        else:
-            text, self.i = c, self.i + 1
-        if self.repeated:
-            raise self.fail("RE2 refuses a repeated quantifier (possessive `*+`, `++`, or `**`)")
-        if not self.can_repeat:
-            raise self.fail("quantifier without anything to repeat")
-        if self.i < len(p) and p[self.i] == "?":
-            text += "?"
-            self.i += 1
-        self.out.append(text)
-        self.repeated = True
-
-    def group(self) -> None:
-        p, start = self.p, self.i
-        if not p.startswith("(?", start):
-            self.open("(")
-            self.i += 1
-            return
-        for prefix, why in (
-            ("(?=", "lookahead"),
-            ("(?!", "negative lookahead"),
-            ("(?<=", "lookbehind"),
-            ("(?<!", "negative lookbehind"),
-            ("(?>", "atomic groups"),
-            ("(?P=", "backreferences"),
-            ("(?P>", "recursion"),
-            ("(?(", "conditionals"),
-            ("(?#", "comments"),
-        ):
-            if p.startswith(prefix, start):
-                raise self.fail(f"RE2 does not support {why}")
-        named = _NAMED.match(p, start)
-        if named is not None:
-            if named[1][0].isdigit():
-                raise self.fail("a group name must not start with a digit")
-            self.open(f"(?P<{named[1]}>")
-            self.i = named.end()
-            return
-        m = _FLAGS.match(p, start)
-        if m is None:
-            raise self.fail("unknown group syntax after `(?`")
-        on, off, end = m[1], m[2] or "", m[3]
-        if not on and m[2] is None and end == ")":
-            raise self.fail("empty flag group `(?)`")
-        if m[2] is not None and not off:
-            raise self.fail("empty flag negation `(?-)`")
-        for flag in on + off:
-            if flag == "U":
-                raise self.fail("the U (ungreedy) flag is not supported here: use lazy quantifiers (`*?`)")
-            if flag not in "ims":
-                raise self.fail(f"RE2 has no flag {flag!r} (it knows i, m, s, U)")
-        multiline = self.multiline[-1]
-        if "m" in on:
-            multiline = True
-        if "m" in off:
-            multiline = False
-        flags = on + (f"-{off}" if off else "")
-        if end == ":":
-            self.open(f"(?{flags}:", multiline)
-            self.i = m.end()
-            return
-        # `(?i)`: re (3.11) takes global flags only at the start, and RE2's scope (to the end of the
-        # enclosing group, across `|`) has no re spelling elsewhere.
-        if start != 0 or len(self.multiline) != 1:
-            raise self.fail("a flag group like (?i) is only supported at the start: use (?i:...)")
-        if off:
-            raise self.fail("flag negation at the start has no effect: remove it")
-        self.open(f"(?{flags}:", multiline)
-        self.base = 2
-        self.i = m.end()
-
-    def open(self, text: str, multiline: bool | None = None) -> None:
-        self.multiline.append(self.multiline[-1] if multiline is None else multiline)
-        self.emit(text, repeatable=False)
-
-    def escape(self) -> None:
-        p, i = self.p, self.i
-        if i + 1 >= len(p):
-            raise self.fail("trailing backslash")
-        c = p[i + 1]
-        self.i = i + 2
-        if c == "Q":
-            end = p.find("\\E", self.i)
-            literal = p[self.i :] if end < 0 else p[self.i : end]
-            self.i = len(p) if end < 0 else end + 2
-            if literal:
-                # Only the last character takes a following quantifier, as in RE2.
-                self.out.append(re.escape(literal[:-1]))
-                self.emit(re.escape(literal[-1]), repeatable=True)
-            return
-        if c in _PERL or c in "DWS":
-            ranges = _PERL[c.lower()]
-            self.emit(f"[{ranges}]" if c.islower() else f"[^{ranges}]", repeatable=True)
-        elif c == "b":
-            self.emit(_BOUNDARY, repeatable=False)
-        elif c == "B":
-            self.emit(f"(?!{_BOUNDARY})", repeatable=False)
-        elif c == "A":
-            self.emit("\\A", repeatable=False)
-        elif c == "z":
-            self.emit("\\Z", repeatable=False)
-        elif c == "Z":
-            raise self.fail("RE2 has no \\Z: use \\z (end of text)")
-        elif c == "C":
-            raise self.fail("\\C (any byte) is not supported")
-        else:
-            self.emit(self.char_escape(c), repeatable=True)
-
-    def char_escape(self, c: str) -> str:
-        """The ``re`` spelling of ``\\c`` (``self.i`` just past it) that stands for one character."""
-        if c in _SIMPLE_ESCAPES:
-            return _SIMPLE_ESCAPES[c]
-        if c == "x":
-            p = self.p
-            if p.startswith("{", self.i):
-                end = p.find("}", self.i)
-                digits = p[self.i + 1 : end] if end > 0 else ""
-                self.i = end + 1
-            else:
-                digits, self.i = p[self.i : self.i + 2], self.i + 2
-                if len(digits) != 2:
-                    raise self.fail("\\x needs two hex digits")
-            try:
-                code = int(digits, 16)
-                return re.escape(chr(code))
-            except ValueError:
-                raise self.fail(f"invalid hex escape \\x{digits}") from None
-        if c in "pP":
-            raise self.fail("Unicode classes (\\p, \\P) are not supported")
-        if c.isdigit():
-            raise self.fail("backreferences and octal escapes are not supported: use \\x..")
-        if c.isascii() and not c.isalnum():  # Go takes `\_` too ("too many programs insist on it")
-            return re.escape(c)
-        raise self.fail(f"RE2 does not know the escape \\{c}")
-
-    def bracket(self) -> None:
-        p = self.p
-        self.i += 1
-        parts = ["["]
-        if p.startswith("^", self.i):
-            parts.append("^")
-            self.i += 1
-        first = True
-        while True:
-            if self.i >= len(p):
-                raise self.fail("missing `]`")
-            if p[self.i] == "]" and not first:
-                self.i += 1
-                break
-            first = False
-            low, single = self.class_item()
-            if single and p.startswith("-", self.i) and not p.startswith("-]", self.i):
-                self.i += 1
-                high, single = self.class_item()
-                if not single:
-                    raise self.fail("a range cannot end in a class")
-                parts.append(f"{low}-{high}")
-            else:
-                parts.append(low)
-        if len(parts) == 1 or parts[1:] == ["^"]:
-            raise self.fail("empty character class")
-        parts.append("]")
-        self.emit("".join(parts), repeatable=True)
-
-    def class_item(self) -> tuple[str, bool]:
-        """One item of a bracket in ``re`` spelling, and whether it is a single character."""
-        p = self.p
-        if self.i >= len(p):  # e.g. `[0-`: a range whose end is missing
-            raise self.fail("missing `]`")
-        c = p[self.i]
-        if c == "[" and p.startswith("[:", self.i):
-            end = p.find(":]", self.i + 2)
-            name = p[self.i + 2 : end] if end > 0 else ""
-            if name.startswith("^"):
-                raise self.fail("negated POSIX classes ([:^name:]) are not supported")
-            if name not in _POSIX:
-                raise self.fail(f"unknown POSIX class [:{name}:]")
-            self.i = end + 2
-            return _POSIX[name], False
-        if c != "\\":
-            self.i += 1
-            # Literal in both; escaped because re reads some of them as (future) set syntax.
-            return (f"\\{c}" if c in "\\]^-[&~|" else c), True
-        if self.i + 1 >= len(p):
-            raise self.fail("trailing backslash")
-        e = p[self.i + 1]
-        self.i += 2
-        if e in _PERL:
-            return _PERL[e], False
-        if e in "DWS":
-            raise self.fail(f"\\{e} inside a bracket is not supported: write the negated class out")
-        return self.char_escape(e), True
-
-
-def translate_re2(pattern: str) -> str:
-    """The ``re`` pattern matching what RE2 matches for ``pattern``; ``RelabelError`` if refused."""
-    return _RE2(pattern).run()
-
-
-def compile_regex(pattern: str) -> re.Pattern[str]:
-    """``pattern`` anchored at both ends, dot matching newlines, as Prometheus 3 compiles it."""
-    try:
-        return re.compile(f"(?s:{translate_re2(pattern)})")
-    except re.error as e:  # a translation re still refuses: name it rather than crash
-        raise RelabelError("", f"not a valid regex {pattern!r}: {e}") from e
 
 
 # --- Go's regexp.Expand ----------------------------------------------------------------------------
@@ -390,37 +77,55 @@ def _name_end(template: str, i: int) -> int:
     return i
 
 
-def expand(template: str, m: re.Match[str]) -> str:
-    """``template`` with ``$n``/``${n}``/``$name``/``${name}`` replaced from ``m``, as Go's Expand."""
-    if "$" not in template:
-        return template
-    out: list[str] = []
+@dataclass(frozen=True, slots=True)
+class _Named:
+    name: str
+
+
+@functools.lru_cache(maxsize=1024)
+def _parts(template: str) -> tuple[str | int | _Named, ...]:
+    """``template`` read once as Go's Expand reads it: literal text, group numbers and group names."""
+    parts: list[str | int | _Named] = []
     i = 0
     while True:
         j = template.find("$", i)
         if j < 0:
-            out.append(template[i:])
-            return "".join(out)
-        out.append(template[i:j])
+            parts.append(template[i:])
+            return tuple(p for p in parts if p != "")
+        parts.append(template[i:j])
         i = j + 1
         if template.startswith("$", i):
-            out.append("$")
+            parts.append("$")
             i += 1
             continue
         brace = template.startswith("{", i)
         start = i + 1 if brace else i
         end = _name_end(template, start)
         if end == start or (brace and not template.startswith("}", end)):
-            out.append("$")  # malformed: the `$` stays literal
+            parts.append("$")  # malformed: the `$` stays literal
             continue
         name = template[start:end]
         i = end + 1 if brace else end
-        if name.isdigit() and name.isascii() and not (name[0] == "0" and len(name) > 1):
-            group: int | str | None = int(name) if int(name) <= m.re.groups else None
+        # Go reads up to 9 ASCII digits without a leading zero as a group number, anything else as a name.
+        if name.isdigit() and name.isascii() and len(name) < 10 and not (name[0] == "0" and len(name) > 1):
+            parts.append(int(name))
         else:
-            group = name if name in m.re.groupindex else None
-        if group is not None:
-            out.append(m.group(group) or "")
+            parts.append(_Named(name))
+
+
+def expand(template: str, m: Match) -> str:
+    """``template`` with ``$n``/``${n}``/``$name``/``${name}`` replaced from ``m``, as Go's Expand."""
+    if "$" not in template:
+        return template
+    out = []
+    for part in _parts(template):
+        if isinstance(part, str):
+            out.append(part)
+        elif isinstance(part, int):
+            out.append(m.group(part) or "")
+        else:
+            out.append(m.named(part.name) or "")
+    return "".join(out)
 
 
 # --- rules -----------------------------------------------------------------------------------------
@@ -431,7 +136,7 @@ class Rule:
     action: str
     source_labels: tuple[str, ...]
     separator: str
-    regex: re.Pattern[str]
+    regex: Regex
     modulus: int
     target_label: str
     replacement: str
@@ -464,8 +169,8 @@ def compile_rule(raw: Mapping[str, Any], key: str) -> Rule:
     modulus = raw.get("modulus", 0)
     regex_text = _text(raw.get("regex", DEFAULT_REGEX))
     try:
-        regex = compile_regex(regex_text)
-    except RelabelError as e:
+        regex = Regex(regex_text)
+    except RegexError as e:
         raise RelabelError(f"{key}.regex", e.why) from None
 
     def need(ok: bool, field: str, why: str) -> None:
@@ -532,10 +237,10 @@ def apply(rules: Sequence[Rule], labels: dict[str, str]) -> bool:
         action = rule.action
         value = rule.separator.join([labels.get(name, "") for name in rule.source_labels])
         if action == "keep":
-            if rule.regex.fullmatch(value) is None:
+            if not rule.regex.matches(value):
                 return False
         elif action == "drop":
-            if rule.regex.fullmatch(value) is not None:
+            if rule.regex.matches(value):
                 return False
         elif action == "keepequal":
             if labels.get(rule.target_label, "") != value:
@@ -563,10 +268,10 @@ def apply(rules: Sequence[Rule], labels: dict[str, str]) -> bool:
                 if m is not None:
                     _set(labels, expand(rule.replacement, m), label_value)
         elif action == "labeldrop":
-            for name in [n for n in labels if rule.regex.fullmatch(n) is not None]:
+            for name in [n for n in labels if rule.regex.matches(n)]:
                 del labels[name]
         else:  # labelkeep
-            for name in [n for n in labels if rule.regex.fullmatch(n) is None]:
+            for name in [n for n in labels if not rule.regex.matches(n)]:
                 del labels[name]
     return True
 

@@ -4,7 +4,7 @@ The cloud checks an operator's selector before it sends a request (``cloud-inges
 fails at once; the relay parses it again from the request and matches it against the recorder's series.
 The wire format carries the selector as text, capped in length (``schemas.codec.command``); its grammar
 lives here, once, with its regexes matched by the one regex engine (``relay_common.regex``: RE2
-semantics, linear time, since the pattern comes from outside the node).
+semantics as in Prometheus 3, linear time, since the pattern comes from outside the node).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-from relay_common.regex import LinearRegex
-from relay_common.relabel import LABEL_NAME, RelabelError
+from relay_common.regex import Regex, RegexError
+from relay_common.relabel import LABEL_NAME
 from schemas.codec.command import MAX_SELECTOR_CHARS
 from schemas.model import Labels
 
@@ -35,12 +35,11 @@ class Matcher:
     op: str
     value: str
     # Not ``re``: the pattern comes from the cloud, and a backtracking one would stall the scrape cycle.
-    regex: LinearRegex | None = None
+    regex: Regex | None = None
 
     def matches(self, value: str) -> bool:
         if self.regex is not None:
-            hit = self.regex.fullmatch(value)
-            return hit if self.op == "=~" else not hit
+            return self.regex.matches(value) == (self.op == "=~")
         return (value == self.value) == (self.op == "=")
 
 
@@ -90,8 +89,8 @@ def parse_selector(text: str) -> Selector:
             regex = None
             if op in ("=~", "!~"):
                 try:
-                    regex = LinearRegex(value)
-                except RelabelError as e:
+                    regex = Regex(value)
+                except RegexError as e:
                     raise p.fail(f"label {label}: {e.why}") from None
             matchers.append(Matcher(label, op, value, regex))
             if len(matchers) > MAX_MATCHERS:

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import example, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_relay import settings as settings_mod
@@ -26,13 +26,10 @@ from edge_relay.collect.targets import TargetLoop
 from edge_relay.selfmetrics import RelayMetrics
 from relay_common.config import ConfigError
 from relay_common.relabel import (
-    RelabelError,
     Rule,
     apply,
-    compile_regex,
     compile_rules,
     relabel,
-    translate_re2,
 )
 from schemas.codec import Limits
 from schemas.model import Labels
@@ -174,111 +171,6 @@ def test_replacement_expands_like_go(replacement: str, expected: str) -> None:
     )
     assert out is not None
     assert out.get("r", "") == expected
-
-
-# --- RE2 ---------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("pattern", "matches", "misses"),
-    [
-        ("foo|bar", ["foo", "bar"], ["foobar", "xfoo"]),  # fully anchored, both alternatives
-        (r"a\z", ["a"], ["a\n"]),  # \z: end of text
-        ("a$", ["a"], ["a\n"]),  # re's $ would also match before a final newline
-        ("(?m:a$\n)b", ["a\nb"], ["ab"]),
-        (".*", ["x\ny", ""], []),  # Prometheus 3: dot matches a newline
-        (r"\d+", ["0123456789"], ["\u0663", "١٢"]),  # ASCII digits only (re's \d is Unicode)
-        (r"\w+", ["a_Z9"], ["é", "ß"]),
-        (r"\s", [" ", "\t", "\n", "\f", "\r"], ["\v", "\u00a0", "\u2003"]),
-        (r"\S+", ["é"], [" "]),
-        (r"x\b.*", ["x y", "x"], ["xé"[:1] + "y"]),
-        (r"é\b", [], []),
-        (r".\B.", ["ab"], ["a "]),
-        ("(?i)gpu", ["GPU", "gPu"], ["CPU"]),
-        ("(?i)é", ["É"], []),  # case folding stays Unicode, as in RE2
-        ("(?i)a|b", ["A", "B"], ["c"]),
-        (r"(?<g>a)b", ["ab"], []),
-        (r"\Qa.b*\E+", ["a.b*", "a.b**"], ["axb"]),
-        (r"[[:alpha:]]+[[:digit:]]", ["ab1"], ["é1", "ab"]),
-        (r"[[:upper:][:space:]]+", ["A B"], ["a"]),
-        (r"[[:punct:]]", ["!", "[", "`", "~"], ["a"]),
-        ("a{,2}", ["a{,2}"], ["", "aa"]),  # RE2: a literal `{` here
-        ("a{2}", ["aa"], ["a"]),
-        (r"a\_[\_]", ["a__"], ["a_"]),  # Go reads an escaped `_` as itself
-        ("a{01}", ["a{01}"], ["a"]),  # Go's parseInt takes no leading zero: a literal again
-        ("a{1,02}", ["a{1,02}"], ["a", "aa"]),
-        ("a{\u0661}", ["a{\u0661}"], ["a"]),  # nor a digit other than ASCII
-        (r"\x41\x{42}", ["AB"], []),
-        ("[a-c&&]", ["&", "b"], ["d"]),
-        ("[]a]", ["]", "a"], ["b"]),
-        ("[^]a]", ["b"], ["]"]),
-        (r"[\d.-]+", ["1.-2"], ["x"]),
-        ("x*?y", ["xxy"], []),
-        ("(?:ab)+(?i:C)", ["ababc"], ["abC" + "x"]),
-        ("(?s)a.b", ["a\nb"], []),
-        ("(?-s:a.b)", ["axb"], ["a\nb"]),
-    ],
-)
-def test_re2_patterns_match_what_re2_matches(pattern: str, matches: list[str], misses: list[str]) -> None:
-    regex = compile_regex(pattern)
-    for s in matches:
-        assert regex.fullmatch(s), (pattern, s)
-    for s in misses:
-        assert not regex.fullmatch(s), (pattern, s)
-
-
-@pytest.mark.parametrize(
-    ("pattern", "why"),
-    [
-        (r"a\Z", "no \\Z"),
-        ("a(?=b)", "lookahead"),
-        ("(?<!a)b", "lookbehind"),
-        ("(?>a)", "atomic"),
-        ("a++", "repeated quantifier"),
-        ("a*+", "repeated quantifier"),
-        ("a?+", "repeated quantifier"),
-        ("a{2}+", "repeated quantifier"),
-        ("a**", "repeated quantifier"),
-        (r"(a)\1", "backreference"),
-        ("(?P<n>a)(?P=n)", "backreference"),
-        (r"\C", "any byte"),
-        (r"\pL", "Unicode classes"),
-        (r"\p{Greek}", "Unicode classes"),
-        ("(?U)a+", "ungreedy"),
-        ("(?x)a", "no flag"),
-        ("a(?i)b", "only supported at the start"),
-        ("a{1001}", "1000"),
-        (r"[\W]", "inside a bracket"),
-        ("[[:^alpha:]]", "negated POSIX"),
-        ("[[:nope:]]", "unknown POSIX"),
-        (r"\e", "does not know"),
-        ("(?(1)a|b)", "conditionals"),
-        ("(?#c)", "comments"),
-        ("(a", "missing `)`"),
-        ("a)", "unmatched"),
-        ("[a", "missing `]`"),
-        ("*a", "without anything to repeat"),
-        ("(?)a", "empty flag group"),
-        ("(?P<1a>x)", "must not start with a digit"),
-    ],
-)
-def test_re2_refusals_say_why(pattern: str, why: str) -> None:
-    with pytest.raises(RelabelError, match=re.escape(why)):
-        translate_re2(pattern)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.text(alphabet=st.sampled_from("ab.*+?|()[]^$\\{},0123456789:-dwsz"), max_size=12))
-@example("[0-")  # a range without its end: once an IndexError
-@example("[a-\\")
-def test_translation_is_refused_or_compiles(pattern: str) -> None:
-    """Whatever the input, the translator either refuses it with its own error or yields a pattern re
-    compiles: never a crash, never a re.error escaping."""
-    try:
-        regex = compile_regex(pattern)
-    except RelabelError:
-        return
-    regex.fullmatch("ab")
 
 
 # --- properties --------------------------------------------------------------------------------------

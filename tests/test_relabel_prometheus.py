@@ -185,6 +185,25 @@ CONFIGS: dict[str, tuple[tuple[str, ...], list[dict[str, Any]], list[dict[str, A
         [{"action": "drop", "source_labels": ["__name__"], "regex": r"\Qnode_memory_\E.*_bytes\z"}],
         [],
     ),
+    # Go's syntax that Python's re lacks: Unicode classes, a flag group mid-pattern, ungreedy, octal,
+    # a repeated group name (the leftmost that took part expands).
+    "re2_only_syntax": (
+        ("dcgm",),
+        [
+            {
+                "action": "keep",
+                "source_labels": ["__name__"],
+                "regex": r"DCGM_FI_(?i)dev_\p{Lu}+_[[:^digit:]]+",
+            },
+            {
+                "source_labels": ["modelName"],
+                "regex": r"(?U)(?P<vendor>\pL+)\040(\PZ+)(?P<vendor>x)?.*",
+                "target_label": "short",
+                "replacement": "${vendor}-$2",
+            },
+        ],
+        [],
+    ),
     "nameless_fails_scrape": (("dcgm",), [{"action": "labeldrop", "regex": "__name__"}], []),
     # Relabeling may write any value into __name__; one series whose name is then invalid fails the scrape.
     "invalid_name_fails_scrape": (

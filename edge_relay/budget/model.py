@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, tzinfo
@@ -28,6 +27,7 @@ from edge_relay.anomaly.detector import AnomalyConfig
 from edge_relay.anomaly.detector import parse_config as parse_anomaly
 from relay_common import config as config_loader
 from relay_common.config import ConfigError
+from relay_common.regex import Regex, RegexError
 from schemas.model import Labels, metric_name
 from vendors import registry
 from vendors.record import Preset
@@ -51,10 +51,10 @@ Aggregation = Literal["last", "avg", "min", "max"]
 @dataclass(frozen=True, slots=True)
 class Matcher:
     """All of: ``__name__`` fully matches ``name`` (None: any), and each label fully matches its regex
-    (an absent label is the empty string, as in PromQL)."""
+    (an absent label is the empty string, as in PromQL). Regexes are RE2, as in a PromQL selector."""
 
-    name: re.Pattern[str] | None = None
-    labels: tuple[tuple[str, re.Pattern[str]], ...] = ()
+    name: Regex | None = None
+    labels: tuple[tuple[str, Regex], ...] = ()
 
     def matches(self, labels: Labels) -> bool:
         if self.name is not None and not self.name.fullmatch(metric_name(labels)):
@@ -221,7 +221,7 @@ PRESET_COUNTERS: Final = registry.PRESET_COUNTERS
 
 @cache
 def _preset_matchers(name: str) -> tuple[Matcher, ...]:
-    return tuple(Matcher(name=re.compile(pattern)) for pattern in PRESETS[name].names)
+    return tuple(Matcher(name=Regex(pattern)) for pattern in PRESETS[name].names)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -339,15 +339,15 @@ def _uplink(raw: dict[str, Any], source: str) -> UplinkBudget:
     )
 
 
-def _compile(source: str, key: str, pattern: str) -> re.Pattern[str]:
+def _compile(source: str, key: str, pattern: str) -> Regex:
     try:
-        return re.compile(pattern)
-    except re.error as e:
+        return Regex(pattern)
+    except RegexError as e:
         raise _error(
             source,
             key,
-            f"expected a regular expression (Python re, matched against the whole value), "
-            f"got {pattern!r}: {e}",
+            f"expected a regular expression (RE2 as in Prometheus, matched against the whole value), "
+            f"got {pattern!r}: {e.why}",
         ) from None
 
 

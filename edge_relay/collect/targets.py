@@ -3,16 +3,22 @@
 ``TargetLoop`` is one target's scrape -> parse -> shape, with the state that lives across cycles (the
 parser's series cache, the shaper's previous series for stale markers, the last error logged).
 ``Collector`` runs every target's loop on a pool, one thread per target, so a slow target costs only its
-own scrape (each is bounded by one wall-clock deadline for fetch and parse); it puts what the shape stage
-dropped sample by sample into the loss ledger, and says so when the wall clock stepped back since the
-last cycle (samples are stamped with it).
+own scrape; it puts what the shape stage dropped sample by sample into the loss ledger, and says so when
+the wall clock stepped back since the last cycle (samples are stamped with it).
+
+A cycle waits for its targets until the scrape timeout and a little more (``SHAPING_GRACE_S``, at most
+half of what the interval leaves): fetch and parse end at the timeout, so what runs later is shaping,
+tens of thousands of new series to relabel and check (a rollout, pod churn). Such a target finishes in
+the background and its scrape joins the first cycle after; it is not scraped again meanwhile. Its time
+is its own, never its neighbours' (as in Prometheus, where each target has a scrape loop of its own),
+and its samples arrive late rather than never: at shutdown a scrape still at work is waited for.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from edge_relay.collect.parse import (
     ParseDeadlineExceeded,
@@ -28,6 +34,8 @@ from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import Settings, Target
 
 log = logging.getLogger("edge_relay")
+# How long past the scrape timeout a cycle waits for a target still at work.
+SHAPING_GRACE_S = 0.25
 
 
 class TargetLoop:
@@ -111,12 +119,59 @@ class Collector:
         self.ledger = ledger
         self.loops = [TargetLoop(t, s, metrics) for t in s.targets]
         self.pool = ThreadPoolExecutor(max_workers=max(1, len(self.loops)), thread_name_prefix="scrape")
+        self._wait_s = s.timeout_seconds + min(
+            SHAPING_GRACE_S, max(0.0, s.interval_seconds - s.timeout_seconds) / 2
+        )
+        self._running: dict[TargetLoop, Future[ShapedScrape]] = {}  # at most one scrape per target
+        self._missed: set[TargetLoop] = set()  # their running scrape missed the cycle it began in
+        self._slow: set[str] = set()  # targets said to be slow, until a scrape makes its cycle again
         self._last_cycle_at: float | None = None
 
+    @property
+    def busy(self) -> bool:
+        """A target's scrape is still at work (it joins the next cycle)."""
+        return bool(self._running)
+
     def collect(self) -> list[ShapedScrape]:
-        """One scrape of every target, shaped; what shaping dropped is in the ledger."""
+        """This cycle's scrapes, shaped, in config order: every target not still busy with its last
+        scrape is scraped, and a late scrape from an earlier cycle joins; what shaping dropped is in
+        the ledger."""
         self.watch_clock(time.time())
-        shaped = list(self.pool.map(lambda loop: loop.run_once(), self.loops))
+        return self._gather(self._wait_s)
+
+    def collect_remaining(self) -> list[ShapedScrape]:
+        """At shutdown: the scrapes still at work, waited for (nothing new is scraped)."""
+        return self._gather(None)
+
+    def _gather(self, timeout: float | None) -> list[ShapedScrape]:
+        if timeout is not None:
+            for loop in self.loops:
+                if loop not in self._running:
+                    self._running[loop] = self.pool.submit(loop.run_once)
+        wait(self._running.values(), timeout=timeout)
+        shaped = []
+        for loop in self.loops:
+            future = self._running.get(loop)
+            if future is None:
+                continue
+            name = loop.target.name
+            if not future.done():
+                self._missed.add(loop)
+                if name not in self._slow:
+                    self._slow.add(name)
+                    log.warning(
+                        "target %s is still shaping its scrape after the scrape timeout (many new "
+                        "series?): it goes out with a later cycle, and is not scraped until it is done",
+                        name,
+                    )
+                continue
+            del self._running[loop]
+            if loop in self._missed:
+                self._missed.discard(loop)
+            elif name in self._slow:
+                self._slow.discard(name)
+                log.info("target %s is shaped within its cycle again", name)
+            shaped.append(future.result())
         self._record_dropped(shaped)
         return shaped
 

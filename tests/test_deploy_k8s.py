@@ -78,12 +78,32 @@ EXTERNAL_SECRETS = {
 # --- kustomize -----------------------------------------------------------------------------------
 
 
+# The project installs its own pinned kubectl here (`./dev tools`, also run by `./dev test`); the manifest
+# checks use that one only, with a PATH holding nothing else, so they pass where no kubectl was ever installed
+# and never depend on whichever one a machine happens to have.
+PROJECT_TOOLS = ROOT / ".tools/bin"
+
+
+def pinned_kubectl_version() -> str:
+    match = re.search(r"^KUBECTL_VERSION=(v[\d.]+)$", (ROOT / "dev").read_text(), re.M)
+    assert match, "dev pins no KUBECTL_VERSION"
+    return match.group(1)
+
+
+def project_kubectl() -> Path:
+    kubectl = PROJECT_TOOLS / "kubectl"
+    if not os.access(kubectl, os.X_OK):
+        pytest.fail(f"{kubectl.relative_to(ROOT)} is not installed: run ./dev tools", pytrace=False)
+    return kubectl
+
+
+def project_tools_env() -> dict[str, str]:
+    """The environment kustomize runs in: the project's tools and nothing else on the PATH."""
+    return {"PATH": str(PROJECT_TOOLS), "HOME": tempfile.gettempdir(), "LANG": "C.UTF-8"}
+
+
 def kustomize_command() -> list[str]:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    pytest.fail("neither kustomize nor kubectl (which embeds kustomize) is installed", pytrace=False)
+    return [str(project_kubectl()), "kustomize"]
 
 
 def _variant_root(name: str) -> Path:
@@ -111,6 +131,7 @@ def build(name: str) -> tuple[dict[str, Any], ...]:
         text=True,
         check=False,
         timeout=120,
+        env=project_tools_env(),
     )
     assert result.returncode == 0, f"kustomize build {name} ({root}) failed:\n{result.stderr}"
     return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
@@ -181,6 +202,31 @@ def all_objects() -> Iterator[tuple[str, int, dict[str, Any]]]:
     for name in BUILDS:
         for i, obj in enumerate(build(name)):
             yield name, i, obj
+
+
+def test_kustomize_is_the_projects_own_pinned_kubectl() -> None:
+    """The manifests are rendered by the kubectl `dev` installs into the project, whatever else is on the
+    machine: the binary lives in the checkout, its version is the pinned one, and it runs with a PATH that
+    holds only the project's tools."""
+    kubectl = project_kubectl().resolve()
+    assert kubectl.is_relative_to(ROOT), kubectl
+    for system_dir in ("/usr/bin", "/usr/local/bin", "/bin"):
+        assert not kubectl.is_relative_to(system_dir), kubectl
+    env = project_tools_env()
+    assert env["PATH"].split(os.pathsep) == [str(PROJECT_TOOLS)]
+    assert shutil.which("kubectl", path=env["PATH"]) == str(PROJECT_TOOLS / "kubectl")
+    result = subprocess.run(
+        [str(kubectl), "version", "--client", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env=env,
+    )
+    version = json.loads(result.stdout)
+    assert version["clientVersion"]["gitVersion"] == pinned_kubectl_version()
+    assert version["kustomizeVersion"].startswith("v5.")
+    assert kustomize_command()[0] == str(PROJECT_TOOLS / "kubectl")
 
 
 @pytest.mark.parametrize("name", BUILDS)

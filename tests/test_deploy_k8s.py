@@ -387,10 +387,7 @@ def test_edge_daemonset_keeps_its_promises(name: str, tmp_path: Path) -> None:
     budget = relay_budget.load(budget_file)
     assert budget.classes and budget.warnings(s.batch_max_bytes) == []
 
-    # Spool: on a size-limited volume, with the relay's own cap below the limit.
-    spool_vol, _ = mount_of(ds, relay, s.spool_path)
-    assert spool_vol["emptyDir"]["sizeLimit"] == "2Gi"
-    assert 0 < s.spool_max_bytes < 2 * 1024**3
+    # The spool's volume: test_spool_outlives_the_pod.
     assert spec["securityContext"]["fsGroup"] == sc["runAsGroup"]
 
     # Probes hit the relay's metrics endpoint, which must listen beyond loopback for the kubelet.
@@ -551,6 +548,68 @@ def test_bridge_sidecar_renders_the_shipped_template(tmp_path: Path) -> None:
     s = relay_settings.load(str(relay_cfg))
     assert (s.mqtt.host, s.mqtt.port, s.mqtt.tls) == ("127.0.0.1", 1883, None)
     assert "listener 1883 127.0.0.1" in template
+
+
+EDGE_BUILDS = ["base-edge", "edge", "edge-amd", "edge-intel", "kubeedge-bridge"]
+# The node directory every edge build keeps its spool in, and what the manifests reserve there.
+SPOOL_HOST_DIR = "/var/lib/kepler-edge-relay"
+SPOOL_RESERVED = "2 GiB"
+
+
+@pytest.mark.parametrize("name", EDGE_BUILDS)
+def test_spool_outlives_the_pod(name: str, tmp_path: Path) -> None:
+    """The unacknowledged backlog survives a rollout, an eviction and a reboot: the spool is a directory
+    of the node (never an emptyDir, which dies with the pod), the same one for every pod the DaemonSet
+    puts on that node, one pod at a time, owned by the relay, and what is kept there fits what the
+    manifests reserve."""
+    objs = build(name)
+    ds = find(objs, "DaemonSet", "kepler-edge-relay")
+    relay = container(ds, "edge-relay")
+    s = relay_settings.load(str(load_config_from(objs, "edge-relay-config", "config.yaml", tmp_path)))
+    spool_vol, _ = mount_of(ds, relay, s.spool_path)
+    assert "emptyDir" not in spool_vol
+    assert spool_vol["hostPath"] == {"path": SPOOL_HOST_DIR, "type": "DirectoryOrCreate"}
+    # A new pod starts only once the old one is gone: never two relays on one spool.
+    rolling = ds["spec"]["updateStrategy"]
+    assert rolling["type"] == "RollingUpdate" and rolling["rollingUpdate"]["maxSurge"] == 0
+
+    # Sized: the relay's cap, plus the bridge broker's queue where it shares the directory.
+    used = s.spool_max_bytes
+    assert used > 0
+    spec = pod_spec(ds)
+    for c in spec["containers"]:
+        mounted = {volume(ds, m["name"]).get("hostPath", {}).get("path") for m in c.get("volumeMounts", [])}
+        if c["name"] != "edge-relay" and SPOOL_HOST_DIR in mounted:
+            bridge = configmap(objs, "edge-broker-config")["data"]["bridge.conf"]
+            match = re.search(r"^max_queued_bytes (\d+)$", bridge, re.M)
+            assert match, "a broker sharing the spool directory must bound its queue"
+            used += int(match.group(1))
+            # It writes there through the relay's group (fsGroup, a supplemental group of every container).
+            assert spec["securityContext"]["fsGroup"] == relay["securityContext"]["runAsGroup"]
+    assert used <= 2 * 2**30, f"{used} bytes kept on the node, {SPOOL_RESERVED} reserved"
+    readme = (DEPLOY / "README.md").read_text()
+    assert SPOOL_HOST_DIR in readme and f"{SPOOL_RESERVED}" in readme
+
+    # The kubelet creates the directory as root: the init container hands it to the relay, with
+    # nothing but the capabilities to do so.
+    [init] = [c for c in spec["initContainers"] if c["name"] == "spool-owner"]
+    isc = init["securityContext"]
+    assert set(isc["capabilities"]["add"]) <= {"CHOWN", "FOWNER"} and isc["capabilities"]["drop"] == ["ALL"]
+    assert isc["readOnlyRootFilesystem"] is True and isc["allowPrivilegeEscalation"] is False
+    assert [volume(ds, m["name"]) for m in init["volumeMounts"]] == [spool_vol]
+    [mount] = init["volumeMounts"]
+    assert mount["mountPath"] == str(Path(s.spool_path).parent)
+    if os.geteuid() != 0:
+        return
+    node_dir = tmp_path / "node-dir"
+    node_dir.mkdir(mode=0o755)
+    script = init["args"][0].replace(mount["mountPath"], str(node_dir))
+    for _ in range(2):  # a new pod on a directory that a former one already owns changes nothing
+        subprocess.run([*init["command"], script], check=True, timeout=30)
+        st = node_dir.stat()
+        rsc = relay["securityContext"]
+        assert (st.st_uid, st.st_gid) == (rsc["runAsUser"], rsc["runAsGroup"])
+        assert st.st_mode & 0o7777 == 0o2770
 
 
 # --- the cloud ----------------------------------------------------------------------------------------

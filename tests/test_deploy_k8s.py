@@ -35,11 +35,8 @@ import pytest
 import yaml
 
 from cloud_ingest import settings as ingest_settings
-from cloud_ingest.selfmetrics import IngestMetrics
-from cloud_ingest.sinks.remote_write.client import RemoteWriteClient
 from edge_relay import budget as relay_budget
 from edge_relay import settings as relay_settings
-from relay_common.config import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -51,19 +48,13 @@ KUSTOMIZATIONS = {
     "kubeedge-bridge": DEPLOY / "kubeedge/bridge",
     "base-edge": DEPLOY / "kubernetes/base/edge",
     "base-cloud": DEPLOY / "kubernetes/base/cloud",
-    "cloud-scaleout": DEPLOY / "kubernetes/overlays/cloud-scaleout",
     # GPU nodes of other vendors: the edge overlay with their exporter in place of dcgm-exporter.
     "edge-amd": DEPLOY / "kubernetes/overlays/edge-amd",
     "edge-intel": DEPLOY / "kubernetes/overlays/edge-intel",
 }
-SCALEOUT = DEPLOY / "kubernetes/overlays/cloud-scaleout"
 # Builds of an overlay with a kustomize Component added, as an operator's own overlay would do it.
-VARIANTS = {
-    "cloud-scaleout-victoriametrics": (SCALEOUT, SCALEOUT / "receivers/victoriametrics"),
-    "cloud-scaleout-thanos": (SCALEOUT, SCALEOUT / "receivers/thanos"),
-}
+VARIANTS: dict[str, tuple[Path, Path]] = {}
 BUILDS = [*KUSTOMIZATIONS, *VARIANTS]
-SCALEOUT_BUILDS = ["cloud-scaleout", *VARIANTS]
 EDGE_TOLERATION = {"key": "node-role.kubernetes.io/edge", "operator": "Exists"}
 # Created by the operator, never committed (deploy/README.md says how).
 EXTERNAL_SECRETS = {
@@ -238,8 +229,6 @@ def test_kustomization_builds(name: str) -> None:
         assert {"DaemonSet", "NetworkPolicy", "ConfigMap"} <= kinds
     else:
         assert {"Deployment", "StatefulSet", "Service", "PodDisruptionBudget"} <= kinds
-    if name in SCALEOUT_BUILDS:
-        assert "HorizontalPodAutoscaler" in kinds
 
 
 def test_every_kustomization_is_built_here() -> None:
@@ -318,7 +307,6 @@ def test_no_manifest_is_left_out_of_every_kustomization() -> None:
     # Read by people or by other tools, and checked by tests of their own.
     documents_only = {
         DEPLOY / "kubeedge/edgecore.yaml",
-        SCALEOUT / "prometheus-adapter/values.yaml",  # Helm values: test_prometheus_adapter_rule_...
     }
     for tree in ("kubernetes", "kubeedge"):
         for path in (DEPLOY / tree).rglob("*.yaml"):
@@ -710,200 +698,6 @@ def test_cloud_objects_fit_together(tmp_path: Path) -> None:
         grafana_cm["data"]["kepler-edge-relay.json"]
         == (DEPLOY / "grafana/dashboards/kepler-edge-relay.json").read_text()
     )
-
-
-# --- the scale-out overlay -------------------------------------------------------------------------
-
-
-def scaleout_settings(objs: tuple[dict[str, Any], ...], tmp_path: Path) -> ingest_settings.Settings:
-    ingest = find(objs, "StatefulSet", "cloud-ingest")
-    c = container(ingest, "cloud-ingest")
-    vol, key = mount_of(ingest, c, c["args"][c["args"].index("--config") + 1])
-    cfg_file = tmp_path / "ingest.yaml"
-    cfg_file.write_text(
-        next(o for o in objs if o["metadata"]["name"] == vol["configMap"]["name"])["data"][key]
-    )
-    return ingest_settings.load(str(cfg_file))
-
-
-def emqx_settings(text: str) -> dict[str, str]:
-    """``section.key -> value`` of the flat ``key = value`` lines in the HOCON blocks of emqx.conf."""
-    out: dict[str, str] = {}
-    stack: list[str] = []
-    for raw in text.splitlines():
-        line = raw.split("##", 1)[0].strip()
-        if not line:
-            continue
-        if line.endswith("{"):
-            stack.append(line[:-1].strip())
-        elif line == "}":
-            stack.pop()
-        else:
-            key, _, value = line.partition("=")
-            out[".".join([*stack, key.strip()])] = value.strip().strip('"')
-    assert not stack, "unbalanced braces in emqx.conf"
-    return out
-
-
-def emqx_bytes(value: str) -> int:
-    number, unit = re.fullmatch(r"(\d+)(KB|MB|GB)?", value).groups()  # type: ignore[union-attr]
-    return int(number) * {None: 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}[unit]
-
-
-def emqx_seconds(value: str) -> int:
-    number, unit = re.fullmatch(r"(\d+)([smhd])", value).groups()  # type: ignore[union-attr]
-    return int(number) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
-
-
-@pytest.mark.parametrize("name", SCALEOUT_BUILDS)
-def test_scaleout_replaces_mosquitto_and_scales_the_ingesters(name: str, tmp_path: Path) -> None:
-    objs = build(name)
-    # EMQX replaces mosquitto: nothing of it is left, nothing refers to it.
-    assert not [o for o in objs if o["metadata"]["name"].startswith("mosquitto")]
-    assert "mosquitto-tls" not in json.dumps(objs) and "mosquitto-passwords" not in json.dumps(objs)
-
-    ingest = find(objs, "StatefulSet", "cloud-ingest")
-    c = container(ingest, "cloud-ingest")
-    env = {e["name"]: e for e in c["env"]}
-    assert env["CLOUD_INGEST_CLIENT_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    assert "replicas" not in ingest["spec"], "the HPA owns the replica count"
-    s = scaleout_settings(objs, tmp_path)
-    # Clean sessions: a replica's session (and EMQX's choice of it) ends with the replica, so client
-    # ids need to be unique (the pod name) but not stable (deploy/README.md, "Scale-out").
-    assert s.session_expiry_seconds == 0
-    assert s.share_group == "ingest"
-    assert s.mqtt_host.startswith("emqx-") and s.mqtt_port == 8885  # the ingesters' own listener
-    assert s.tls is not None
-    for path in (s.tls.ca_file, s.tls.cert_file, s.tls.key_file):
-        assert path
-        mount_of(ingest, c, path)
-
-    hpa = find(objs, "HorizontalPodAutoscaler", "cloud-ingest")
-    assert hpa["apiVersion"] == "autoscaling/v2"
-    assert hpa["spec"]["scaleTargetRef"] == {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "name": "cloud-ingest",
-    }
-    lo, hi = hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]
-    assert 2 <= lo < hi
-    pdb = find(objs, "PodDisruptionBudget", "cloud-ingest")
-    assert pdb["spec"] == {"maxUnavailable": 1, "selector": pdb["spec"]["selector"]}
-    assert (
-        pdb["spec"]["selector"]["matchLabels"].items()
-        <= ingest["spec"]["template"]["metadata"]["labels"].items()
-    )
-    assert lo > pdb["spec"]["maxUnavailable"]
-
-    # The metric: one the ingester exports, labelled as Prometheus scrapes it, and a target the
-    # replicas can reach (each holds at most receive_maximum batches).
-    [metric] = hpa["spec"]["metrics"]
-    assert metric["type"] == "External"
-    exported = {f.name for f in IngestMetrics().registry.collect()}
-    assert metric["external"]["metric"]["name"] in exported
-    prom_cfg = yaml.safe_load(configmap(objs, "prometheus-config")["data"]["prometheus.yml"])
-    jobs = {j["job_name"] for j in prom_cfg["scrape_configs"]}
-    assert metric["external"]["metric"]["selector"]["matchLabels"] == {"job": "cloud-ingest"}
-    assert "cloud-ingest" in jobs
-    target = metric["external"]["target"]
-    assert target["type"] == "AverageValue"
-    assert 0 < float(target["averageValue"]) < s.receive_maximum
-    # Slow to scale in: a replica that leaves hands its in-flight batches back.
-    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
-
-
-def test_scaleout_emqx_settings_fit_the_ingesters_and_relays(tmp_path: Path) -> None:
-    objs = build("cloud-scaleout")
-    text = (SCALEOUT / "emqx/emqx.conf").read_text()
-    assert configmap(objs, "emqx-ingest-settings")["data"]["emqx.conf"] == text
-    emqx = emqx_settings(text)
-    s = scaleout_settings(objs, tmp_path)
-    assert emqx["mqtt.shared_subscription"] == "true"
-    assert emqx["mqtt.shared_subscription_strategy"] in {
-        "random", "round_robin", "round_robin_per_group", "sticky", "local", "hash_topic", "hash_clientid"
-    }  # fmt: skip
-    assert emqx["mqtt.shared_subscription_strategy"] != "sticky", "sticky sends everything to one replica"
-    # EMQX sends min(max_inflight, Receive Maximum): below receive_maximum the HPA metric saturates early.
-    assert int(emqx["mqtt.max_inflight"]) >= s.receive_maximum
-    assert 0 < int(emqx["mqtt.max_mqueue_len"]) <= 10_000, "bounded: a batch can be 1 MiB"
-    assert emqx["mqtt.mqueue_store_qos0"] == "false"
-    # The largest batch the ingesters accept, plus topic and properties, must fit in a packet.
-    assert emqx_bytes(emqx["mqtt.max_packet_size"]) >= s.limits.max_payload_bytes + (64 << 10)
-    assert emqx["mqtt.retain_available"] == "true", "statuses are retained"
-    relay_session = load_schema("edge-relay-config.schema.json")["properties"]["mqtt"]["properties"][
-        "session_expiry_seconds"
-    ]["default"]
-    assert emqx_seconds(emqx["mqtt.session_expiry_interval"]) >= relay_session
-    assert emqx["mqtt.peer_cert_as_username"] == "cn"
-    for listener in ("default", "ingest"):
-        tls = f"listeners.ssl.{listener}.ssl_options"
-        assert emqx[f"{tls}.verify"] == "verify_peer" and emqx[f"{tls}.fail_if_no_peer_cert"] == "true"
-    # Client ids pinned to the certificate on the edge listener (no session takeover by another node);
-    # the ingesters on a listener of their own, opened only by the ingester CA, at the port they use.
-    assert emqx["listeners.ssl.default.bind"].endswith(":8883")
-    assert emqx["listeners.ssl.default.zone"] == "edge"
-    assert emqx["zones.edge.mqtt.peer_cert_as_clientid"] == "cn"
-    assert emqx["zones.edge.mqtt.peer_cert_as_username"] == "cn"
-    assert emqx["listeners.ssl.ingest.bind"].endswith(f":{s.mqtt_port}")
-    assert "listeners.ssl.ingest.zone" not in emqx
-    ingest_ca = emqx["listeners.ssl.ingest.ssl_options.cacertfile"]
-    assert ingest_ca != emqx["listeners.ssl.default.ssl_options.cacertfile"]
-    assert emqx["authorization.no_match"] == "deny"
-
-
-def test_prometheus_adapter_rule_serves_the_hpa_metric() -> None:
-    objs = build("cloud-scaleout")
-    values = yaml.safe_load((SCALEOUT / "prometheus-adapter/values.yaml").read_text())
-    namespace = find(objs, "Namespace")["metadata"]["name"]
-    prom_svc = find(objs, "Service", "prometheus")
-    assert urlsplit(values["prometheus"]["url"]).hostname == f"prometheus.{namespace}.svc"
-    assert values["prometheus"]["port"] in [p["port"] for p in prom_svc["spec"]["ports"]]
-    assert values["rules"]["default"] is False
-    [rule] = values["rules"]["external"]
-    metric = find(objs, "HorizontalPodAutoscaler", "cloud-ingest")["spec"]["metrics"][0]["external"]["metric"]
-    assert rule["name"]["as"] == metric["name"]
-    assert re.fullmatch(rule["name"]["matches"], metric["name"])
-    selector = ",".join(f'{k}="{v}"' for k, v in metric["selector"]["matchLabels"].items())
-    assert rule["seriesQuery"] == f"{metric['name']}{{{selector}}}"
-    # No namespace label on series from DNS discovery: the rule must not add the HPA's namespace.
-    assert rule["resources"] == {"namespaced": False}
-    assert "<<.Series>>" in rule["metricsQuery"] and "<<.LabelMatchers>>" in rule["metricsQuery"]
-    assert rule["metricsQuery"].startswith("sum("), "the HPA divides a fleet-wide sum by the replicas"
-    readme = (DEPLOY / "README.md").read_text()
-    assert rule["metricsQuery"] in readme and rule["seriesQuery"] in readme
-
-
-RECEIVERS = {
-    # build -> (URL path pattern, tenant header or None when the tenant is in the path)
-    "cloud-scaleout": (r"/api/v1/push", "X-Scope-OrgID"),
-    "cloud-scaleout-victoriametrics": (r"/insert/\d+(:\d+)?/prometheus/api/v1/write", None),
-    "cloud-scaleout-thanos": (r"/api/v1/receive", "THANOS-TENANT"),
-}
-
-
-@pytest.mark.parametrize("name", list(RECEIVERS))
-def test_each_receiver_gets_its_write_path_and_tenant(name: str, tmp_path: Path) -> None:
-    s = scaleout_settings(build(name), tmp_path)
-    path, header = RECEIVERS[name]
-    url = urlsplit(s.remote_write_url)
-    assert re.fullmatch(path, url.path), s.remote_write_url
-    assert url.scheme == "http" and url.hostname and url.port != 9090
-    if header is None:
-        assert s.remote_write_headers == {}
-    else:
-        assert list(s.remote_write_headers) == [header] and s.remote_write_headers[header]
-    RemoteWriteClient(s.remote_write_url, headers=s.remote_write_headers).close()
-
-
-def test_receiver_variants_differ_only_in_remote_write() -> None:
-    configs = {
-        path: yaml.safe_load(path.read_text())
-        for path in [SCALEOUT / "config/cloud-ingest.yaml", *SCALEOUT.glob("receivers/*/cloud-ingest.yaml")]
-    }
-    assert len(configs) == 3
-    rest = [{k: v for k, v in c.items() if k != "remote_write"} for c in configs.values()]
-    assert all(r == rest[0] for r in rest)
-    assert len({json.dumps(c["remote_write"], sort_keys=True) for c in configs.values()}) == 3
 
 
 def test_kubeedge_edgecore_notes_are_valid_yaml_with_the_keys_that_matter() -> None:

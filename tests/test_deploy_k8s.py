@@ -51,10 +51,19 @@ KUSTOMIZATIONS = {
     # GPU nodes of other vendors: the edge overlay with their exporter in place of dcgm-exporter.
     "edge-amd": DEPLOY / "kubernetes/overlays/edge-amd",
     "edge-intel": DEPLOY / "kubernetes/overlays/edge-intel",
+    # The relay as its own DaemonSet, beside exporters the operator runs.
+    "relay": DEPLOY / "kubernetes/overlays/relay",
+    "base-relay": DEPLOY / "kubernetes/relay/base",
 }
 # Builds of an overlay with a kustomize Component added, as an operator's own overlay would do it.
-VARIANTS: dict[str, tuple[Path, Path]] = {}
+VARIANTS = {
+    "relay-amd": (KUSTOMIZATIONS["relay"], DEPLOY / "kubernetes/relay/vendors/amd"),
+    "relay-intel": (KUSTOMIZATIONS["relay"], DEPLOY / "kubernetes/relay/vendors/intel"),
+}
 BUILDS = [*KUSTOMIZATIONS, *VARIANTS]
+EDGE_SIDE = {"edge", "base-edge", "edge-amd", "edge-intel", "kubeedge-bridge", "relay", "base-relay"} | set(
+    VARIANTS
+)
 EDGE_TOLERATION = {"key": "node-role.kubernetes.io/edge", "operator": "Exists"}
 # Created by the operator, never committed (deploy/README.md says how).
 EXTERNAL_SECRETS = {
@@ -225,7 +234,7 @@ def test_kustomization_builds(name: str) -> None:
     objs = build(name)
     assert objs
     kinds = {o["kind"] for o in objs}
-    if name.endswith("edge") or name.startswith("edge-") or name == "kubeedge-bridge":
+    if name in EDGE_SIDE:
         assert {"DaemonSet", "NetworkPolicy", "ConfigMap"} <= kinds
     else:
         assert {"Deployment", "StatefulSet", "Service", "PodDisruptionBudget"} <= kinds
@@ -233,15 +242,17 @@ def test_kustomization_builds(name: str) -> None:
 
 def test_every_kustomization_is_built_here() -> None:
     """A new overlay cannot go unvalidated: every kustomization under deploy/ is built above, is a
-    Component built into a variant, or is reached through resources: of one that is built."""
+    Component built into a variant, or is reached through resources: or components: of one that is built."""
     components = {c.resolve() for _, c in VARIANTS.values()}
     reached = {p.resolve() for p in KUSTOMIZATIONS.values()} | components
     frontier = list(reached)
     while frontier:
         base = frontier.pop()
         k = yaml.safe_load((base / "kustomization.yaml").read_text())
-        for entry in k.get("resources", []):
+        for entry in k.get("resources", []) + k.get("components", []):
             target = (base / entry).resolve()
+            if entry in k.get("components", []):
+                components.add(target)
             if target.is_dir() and target not in reached:
                 reached.add(target)
                 frontier.append(target)
@@ -250,7 +261,7 @@ def test_every_kustomization_is_built_here() -> None:
     assert not missing, f"kustomizations no test builds (add them to KUSTOMIZATIONS or VARIANTS): {missing}"
     for d in found:
         if yaml.safe_load((d / "kustomization.yaml").read_text()).get("kind") == "Component":
-            assert d in components, f"{d.relative_to(ROOT)} is a Component no variant builds"
+            assert d in components, f"{d.relative_to(ROOT)} is a Component nothing builds"
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -538,25 +549,56 @@ def test_bridge_sidecar_renders_the_shipped_template(tmp_path: Path) -> None:
     assert "listener 1883 127.0.0.1" in template
 
 
-EDGE_BUILDS = ["base-edge", "edge", "edge-amd", "edge-intel", "kubeedge-bridge"]
-# The node directory every edge build keeps its spool in, and what the manifests reserve there.
-SPOOL_HOST_DIR = "/var/lib/kepler-edge-relay"
+# The relay's DaemonSet in each edge build and the node directory it keeps its spool in (the sidecar's
+# and the standalone relay's differ: the two may run on one node); what the manifests reserve there.
+RELAY_DAEMONSETS = {
+    name: ("edge-relay", "/var/lib/edge-relay-standalone")
+    if "relay" in name
+    else ("kepler-edge-relay", "/var/lib/kepler-edge-relay")
+    for name in sorted(EDGE_SIDE)
+}
 SPOOL_RESERVED = "2 GiB"
 
 
-@pytest.mark.parametrize("name", EDGE_BUILDS)
+def relay_config_file(objs: tuple[dict[str, Any], ...], ds: dict[str, Any], tmp_path: Path) -> Path:
+    """The relay configuration as the container reads it: the ConfigMap's file, or, where the container
+    renders a template at start, what its start script renders (NODE_IP 192.0.2.7, the env's values)."""
+    relay = container(ds, "edge-relay")
+    if relay.get("command") != ["/bin/sh", "-c"]:
+        return load_config_from(objs, "edge-relay-config", "config.yaml", tmp_path)
+    script = relay["args"][0]
+    run = re.search(r"^\s*exec edge-relay run --config (\S+)", script, re.M)
+    assert run, "the start script must exec the relay"
+    rendered = Path(run.group(1))
+    template_vol, template_key = mount_of(ds, relay, "/etc/edge-relay/config/config.yaml")
+    assert template_vol["configMap"]["name"].startswith("edge-relay-config-")
+    assert mount_of(ds, relay, str(rendered))[0]["emptyDir"]["medium"] == "Memory"
+    (tmp_path / "template").mkdir(exist_ok=True)
+    (tmp_path / "template/config.yaml").write_text(configmap(objs, "edge-relay-config")["data"][template_key])
+    body = script[: run.start()].replace("/etc/edge-relay/config/", f"{tmp_path}/template/")
+    body = body.replace(str(rendered.parent) + "/", f"{tmp_path}/")
+    env = {e["name"]: e.get("value", "") for e in relay["env"] if "value" in e}
+    env["NODE_IP"] = "192.0.2.7"
+    subprocess.run(["/bin/sh", "-c", body], check=True, timeout=30, env={**os.environ, **env})
+    out = tmp_path / rendered.name
+    assert "${" not in out.read_text(), out.read_text()
+    return out
+
+
+@pytest.mark.parametrize("name", list(RELAY_DAEMONSETS))
 def test_spool_outlives_the_pod(name: str, tmp_path: Path) -> None:
     """The unacknowledged backlog survives a rollout, an eviction and a reboot: the spool is a directory
     of the node (never an emptyDir, which dies with the pod), the same one for every pod the DaemonSet
     puts on that node, one pod at a time, owned by the relay, and what is kept there fits what the
     manifests reserve."""
     objs = build(name)
-    ds = find(objs, "DaemonSet", "kepler-edge-relay")
+    ds_name, host_dir = RELAY_DAEMONSETS[name]
+    ds = find(objs, "DaemonSet", ds_name)
     relay = container(ds, "edge-relay")
-    s = relay_settings.load(str(load_config_from(objs, "edge-relay-config", "config.yaml", tmp_path)))
+    s = relay_settings.load(str(relay_config_file(objs, ds, tmp_path)))
     spool_vol, _ = mount_of(ds, relay, s.spool_path)
     assert "emptyDir" not in spool_vol
-    assert spool_vol["hostPath"] == {"path": SPOOL_HOST_DIR, "type": "DirectoryOrCreate"}
+    assert spool_vol["hostPath"] == {"path": host_dir, "type": "DirectoryOrCreate"}
     # A new pod starts only once the old one is gone: never two relays on one spool.
     rolling = ds["spec"]["updateStrategy"]
     assert rolling["type"] == "RollingUpdate" and rolling["rollingUpdate"]["maxSurge"] == 0
@@ -567,7 +609,7 @@ def test_spool_outlives_the_pod(name: str, tmp_path: Path) -> None:
     spec = pod_spec(ds)
     for c in spec["containers"]:
         mounted = {volume(ds, m["name"]).get("hostPath", {}).get("path") for m in c.get("volumeMounts", [])}
-        if c["name"] != "edge-relay" and SPOOL_HOST_DIR in mounted:
+        if c["name"] != "edge-relay" and host_dir in mounted:
             bridge = configmap(objs, "edge-broker-config")["data"]["bridge.conf"]
             match = re.search(r"^max_queued_bytes (\d+)$", bridge, re.M)
             assert match, "a broker sharing the spool directory must bound its queue"
@@ -576,7 +618,7 @@ def test_spool_outlives_the_pod(name: str, tmp_path: Path) -> None:
             assert spec["securityContext"]["fsGroup"] == relay["securityContext"]["runAsGroup"]
     assert used <= 2 * 2**30, f"{used} bytes kept on the node, {SPOOL_RESERVED} reserved"
     readme = (DEPLOY / "README.md").read_text()
-    assert SPOOL_HOST_DIR in readme and f"{SPOOL_RESERVED}" in readme
+    assert host_dir in readme and f"{SPOOL_RESERVED}" in readme
 
     # The kubelet creates the directory as root: the init container hands it to the relay, with
     # nothing but the capabilities to do so.
@@ -598,6 +640,99 @@ def test_spool_outlives_the_pod(name: str, tmp_path: Path) -> None:
         rsc = relay["securityContext"]
         assert (st.st_uid, st.st_gid) == (rsc["runAsUser"], rsc["runAsGroup"])
         assert st.st_mode & 0o7777 == 0o2770
+
+
+# build -> the GPU exporter's job, the build of the sidecar overlay for the same nodes, the vendor's presets
+STANDALONE = {
+    "relay": ("dcgm-exporter", "edge", "dcgm"),
+    "relay-amd": ("amd-device-metrics-exporter", "edge-amd", "amd"),
+    "relay-intel": ("xpumd", "edge-intel", "intel"),
+}
+
+
+@pytest.mark.parametrize("name", list(STANDALONE))
+def test_standalone_relay_scrapes_its_nodes_exporters(name: str, tmp_path: Path) -> None:
+    """The relay as its own DaemonSet: nothing but the relay, unprivileged, reading the exporters the
+    operator already runs on the node's IP (downward API), with the vendor's exporter and presets."""
+    job, sidecar_build, preset = STANDALONE[name]
+    objs = build(name)
+    assert {o["kind"] for o in objs if "template" in o.get("spec", {})} == {"DaemonSet"}
+    ds = find(objs, "DaemonSet", "edge-relay")
+    spec = pod_spec(ds)
+    assert [c["name"] for c in spec["containers"]] == ["edge-relay"]
+    assert not spec.get("hostPID") and not spec.get("hostNetwork") and not spec.get("hostIPC")
+    assert spec["automountServiceAccountToken"] is False
+    relay = container(ds, "edge-relay")
+    sc = relay["securityContext"]
+    assert sc["privileged"] is False and sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    env = {e["name"]: e for e in relay["env"]}
+    assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+    # The same nodes as the sidecar overlay of that vendor, and its exporter's port.
+    sidecar_objs = build(sidecar_build)
+    sidecar = find(sidecar_objs, "DaemonSet", "kepler-edge-relay")
+    assert spec["nodeSelector"] == pod_spec(sidecar)["nodeSelector"]
+    assert spec["tolerations"] == pod_spec(sidecar)["tolerations"]
+    exporter = find(sidecar_objs, "DaemonSet", job)
+    [exporter_port] = [p["containerPort"] for p in pod_spec(exporter)["containers"][0]["ports"]]
+
+    s = relay_settings.load(str(relay_config_file(objs, ds, tmp_path)))
+    targets = {t.name: t for t in s.targets}
+    urls = {name: urlsplit(t.url) for name, t in targets.items()}
+    assert set(targets) == {"kepler", "gpu", "node", "edge-relay"}
+    for target in ("kepler", "gpu", "node"):
+        assert urls[target].hostname == "192.0.2.7", "the node's exporters, on the node's IP"
+    assert (targets["gpu"].job, urls["gpu"].port) == (job, exporter_port)
+    assert urls["kepler"].port == 28282 and urls["node"].port == 9100
+    metrics_port = int(s.metrics_listen.rsplit(":", 1)[1])
+    assert urls["edge-relay"].hostname == "127.0.0.1" and urls["edge-relay"].port == metrics_port
+    if s.mqtt.tls is not None:
+        for path in (s.mqtt.tls.ca_file, s.mqtt.tls.cert_file, s.mqtt.tls.key_file):
+            assert path
+            mount_of(ds, relay, path)
+
+    # The vendor's presets, and node-exporter's.
+    budget_vol, budget_key = mount_of(ds, relay, s.budget_file)
+    assert budget_vol["configMap"]["name"].startswith("edge-relay-budget-")
+    budget_file = load_config_from(objs, "edge-relay-budget", budget_key, tmp_path)
+    presets = [c.get("preset") for c in yaml.safe_load(budget_file.read_text())["classes"]]
+    assert presets[0] == f"{preset}-critical" and {preset, "node", "kepler"} <= set(presets)
+    assert relay_budget.load(budget_file).warnings(s.batch_max_bytes) == []
+
+    # It may reach every exporter it scrapes, the broker and DNS; nothing may reach it.
+    policy = find(objs, "NetworkPolicy", "edge-relay")["spec"]
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["ingress"] == []
+    allowed = {p["port"] for rule in policy["egress"] for p in rule["ports"]}
+    assert {urls[t].port for t in ("kepler", "gpu", "node")} | {s.mqtt.port, 53} <= allowed
+
+
+def test_one_place_sets_the_image() -> None:
+    """Every overlay runs the project's image as the image component names it, and nothing else names it."""
+    component = yaml.safe_load((DEPLOY / "kubernetes/components/image/kustomization.yaml").read_text())
+    [image] = component["images"]
+    expected = f"{image['newName']}:{image['newTag']}"
+    for k in DEPLOY.rglob("kustomization.yaml"):
+        if k.parent.name != "image":
+            names = [i["name"] for i in yaml.safe_load(k.read_text()).get("images", [])]
+            assert image["name"] not in names, f"{k.relative_to(ROOT)} sets the image too"
+    seen = 0
+    for name in BUILDS:
+        if name.startswith("base-"):
+            continue
+        for obj in build(name):
+            if "template" not in obj.get("spec", {}):
+                continue
+            spec = pod_spec(obj)
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                if c["image"].rsplit(":", 1)[0].endswith(image["name"]):
+                    assert c["image"] == expected, f"{name}: {obj['metadata']['name']}/{c['name']}"
+                    seen += 1
+    assert seen >= 10
 
 
 # --- the cloud ----------------------------------------------------------------------------------------

@@ -35,11 +35,8 @@ import pytest
 import yaml
 
 from cloud_ingest import settings as ingest_settings
-from cloud_ingest.selfmetrics import IngestMetrics
-from cloud_ingest.sinks.remote_write.client import RemoteWriteClient
 from edge_relay import budget as relay_budget
 from edge_relay import settings as relay_settings
-from relay_common.config import load_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -51,19 +48,22 @@ KUSTOMIZATIONS = {
     "kubeedge-bridge": DEPLOY / "kubeedge/bridge",
     "base-edge": DEPLOY / "kubernetes/base/edge",
     "base-cloud": DEPLOY / "kubernetes/base/cloud",
-    "cloud-scaleout": DEPLOY / "kubernetes/overlays/cloud-scaleout",
     # GPU nodes of other vendors: the edge overlay with their exporter in place of dcgm-exporter.
     "edge-amd": DEPLOY / "kubernetes/overlays/edge-amd",
     "edge-intel": DEPLOY / "kubernetes/overlays/edge-intel",
+    # The relay as its own DaemonSet, beside exporters the operator runs.
+    "relay": DEPLOY / "kubernetes/overlays/relay",
+    "base-relay": DEPLOY / "kubernetes/relay/base",
 }
-SCALEOUT = DEPLOY / "kubernetes/overlays/cloud-scaleout"
 # Builds of an overlay with a kustomize Component added, as an operator's own overlay would do it.
 VARIANTS = {
-    "cloud-scaleout-victoriametrics": (SCALEOUT, SCALEOUT / "receivers/victoriametrics"),
-    "cloud-scaleout-thanos": (SCALEOUT, SCALEOUT / "receivers/thanos"),
+    "relay-amd": (KUSTOMIZATIONS["relay"], DEPLOY / "kubernetes/relay/vendors/amd"),
+    "relay-intel": (KUSTOMIZATIONS["relay"], DEPLOY / "kubernetes/relay/vendors/intel"),
 }
 BUILDS = [*KUSTOMIZATIONS, *VARIANTS]
-SCALEOUT_BUILDS = ["cloud-scaleout", *VARIANTS]
+EDGE_SIDE = {"edge", "base-edge", "edge-amd", "edge-intel", "kubeedge-bridge", "relay", "base-relay"} | set(
+    VARIANTS
+)
 EDGE_TOLERATION = {"key": "node-role.kubernetes.io/edge", "operator": "Exists"}
 # Created by the operator, never committed (deploy/README.md says how).
 EXTERNAL_SECRETS = {
@@ -78,12 +78,32 @@ EXTERNAL_SECRETS = {
 # --- kustomize -----------------------------------------------------------------------------------
 
 
+# The project installs its own pinned kubectl here (`./dev tools`, also run by `./dev test`); the manifest
+# checks use that one only, with a PATH holding nothing else, so they pass where no kubectl was ever installed
+# and never depend on whichever one a machine happens to have.
+PROJECT_TOOLS = ROOT / ".tools/bin"
+
+
+def pinned_kubectl_version() -> str:
+    match = re.search(r"^KUBECTL_VERSION=(v[\d.]+)$", (ROOT / "dev").read_text(), re.M)
+    assert match, "dev pins no KUBECTL_VERSION"
+    return match.group(1)
+
+
+def project_kubectl() -> Path:
+    kubectl = PROJECT_TOOLS / "kubectl"
+    if not os.access(kubectl, os.X_OK):
+        pytest.fail(f"{kubectl.relative_to(ROOT)} is not installed: run ./dev tools", pytrace=False)
+    return kubectl
+
+
+def project_tools_env() -> dict[str, str]:
+    """The environment kustomize runs in: the project's tools and nothing else on the PATH."""
+    return {"PATH": str(PROJECT_TOOLS), "HOME": tempfile.gettempdir(), "LANG": "C.UTF-8"}
+
+
 def kustomize_command() -> list[str]:
-    if shutil.which("kustomize"):
-        return ["kustomize", "build"]
-    if shutil.which("kubectl"):
-        return ["kubectl", "kustomize"]
-    pytest.fail("neither kustomize nor kubectl (which embeds kustomize) is installed", pytrace=False)
+    return [str(project_kubectl()), "kustomize"]
 
 
 def _variant_root(name: str) -> Path:
@@ -111,6 +131,7 @@ def build(name: str) -> tuple[dict[str, Any], ...]:
         text=True,
         check=False,
         timeout=120,
+        env=project_tools_env(),
     )
     assert result.returncode == 0, f"kustomize build {name} ({root}) failed:\n{result.stderr}"
     return tuple(d for d in yaml.safe_load_all(result.stdout) if d)
@@ -183,30 +204,55 @@ def all_objects() -> Iterator[tuple[str, int, dict[str, Any]]]:
             yield name, i, obj
 
 
+def test_kustomize_is_the_projects_own_pinned_kubectl() -> None:
+    """The manifests are rendered by the kubectl `dev` installs into the project, whatever else is on the
+    machine: the binary lives in the checkout, its version is the pinned one, and it runs with a PATH that
+    holds only the project's tools."""
+    kubectl = project_kubectl().resolve()
+    assert kubectl.is_relative_to(ROOT), kubectl
+    for system_dir in ("/usr/bin", "/usr/local/bin", "/bin"):
+        assert not kubectl.is_relative_to(system_dir), kubectl
+    env = project_tools_env()
+    assert env["PATH"].split(os.pathsep) == [str(PROJECT_TOOLS)]
+    assert shutil.which("kubectl", path=env["PATH"]) == str(PROJECT_TOOLS / "kubectl")
+    result = subprocess.run(
+        [str(kubectl), "version", "--client", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+        env=env,
+    )
+    version = json.loads(result.stdout)
+    assert version["clientVersion"]["gitVersion"] == pinned_kubectl_version()
+    assert version["kustomizeVersion"].startswith("v5.")
+    assert kustomize_command()[0] == str(PROJECT_TOOLS / "kubectl")
+
+
 @pytest.mark.parametrize("name", BUILDS)
 def test_kustomization_builds(name: str) -> None:
     objs = build(name)
     assert objs
     kinds = {o["kind"] for o in objs}
-    if name.endswith("edge") or name.startswith("edge-") or name == "kubeedge-bridge":
+    if name in EDGE_SIDE:
         assert {"DaemonSet", "NetworkPolicy", "ConfigMap"} <= kinds
     else:
         assert {"Deployment", "StatefulSet", "Service", "PodDisruptionBudget"} <= kinds
-    if name in SCALEOUT_BUILDS:
-        assert "HorizontalPodAutoscaler" in kinds
 
 
 def test_every_kustomization_is_built_here() -> None:
     """A new overlay cannot go unvalidated: every kustomization under deploy/ is built above, is a
-    Component built into a variant, or is reached through resources: of one that is built."""
+    Component built into a variant, or is reached through resources: or components: of one that is built."""
     components = {c.resolve() for _, c in VARIANTS.values()}
     reached = {p.resolve() for p in KUSTOMIZATIONS.values()} | components
     frontier = list(reached)
     while frontier:
         base = frontier.pop()
         k = yaml.safe_load((base / "kustomization.yaml").read_text())
-        for entry in k.get("resources", []):
+        for entry in k.get("resources", []) + k.get("components", []):
             target = (base / entry).resolve()
+            if entry in k.get("components", []):
+                components.add(target)
             if target.is_dir() and target not in reached:
                 reached.add(target)
                 frontier.append(target)
@@ -215,7 +261,7 @@ def test_every_kustomization_is_built_here() -> None:
     assert not missing, f"kustomizations no test builds (add them to KUSTOMIZATIONS or VARIANTS): {missing}"
     for d in found:
         if yaml.safe_load((d / "kustomization.yaml").read_text()).get("kind") == "Component":
-            assert d in components, f"{d.relative_to(ROOT)} is a Component no variant builds"
+            assert d in components, f"{d.relative_to(ROOT)} is a Component nothing builds"
 
 
 @pytest.mark.parametrize("version", K8S_VERSIONS)
@@ -272,7 +318,6 @@ def test_no_manifest_is_left_out_of_every_kustomization() -> None:
     # Read by people or by other tools, and checked by tests of their own.
     documents_only = {
         DEPLOY / "kubeedge/edgecore.yaml",
-        SCALEOUT / "prometheus-adapter/values.yaml",  # Helm values: test_prometheus_adapter_rule_...
     }
     for tree in ("kubernetes", "kubeedge"):
         for path in (DEPLOY / tree).rglob("*.yaml"):
@@ -341,10 +386,7 @@ def test_edge_daemonset_keeps_its_promises(name: str, tmp_path: Path) -> None:
     budget = relay_budget.load(budget_file)
     assert budget.classes and budget.warnings(s.batch_max_bytes) == []
 
-    # Spool: on a size-limited volume, with the relay's own cap below the limit.
-    spool_vol, _ = mount_of(ds, relay, s.spool_path)
-    assert spool_vol["emptyDir"]["sizeLimit"] == "2Gi"
-    assert 0 < s.spool_max_bytes < 2 * 1024**3
+    # The spool's volume: test_spool_outlives_the_pod.
     assert spec["securityContext"]["fsGroup"] == sc["runAsGroup"]
 
     # Probes hit the relay's metrics endpoint, which must listen beyond loopback for the kubelet.
@@ -507,6 +549,192 @@ def test_bridge_sidecar_renders_the_shipped_template(tmp_path: Path) -> None:
     assert "listener 1883 127.0.0.1" in template
 
 
+# The relay's DaemonSet in each edge build and the node directory it keeps its spool in (the sidecar's
+# and the standalone relay's differ: the two may run on one node); what the manifests reserve there.
+RELAY_DAEMONSETS = {
+    name: ("edge-relay", "/var/lib/edge-relay-standalone")
+    if "relay" in name
+    else ("kepler-edge-relay", "/var/lib/kepler-edge-relay")
+    for name in sorted(EDGE_SIDE)
+}
+SPOOL_RESERVED = "2 GiB"
+
+
+def relay_config_file(objs: tuple[dict[str, Any], ...], ds: dict[str, Any], tmp_path: Path) -> Path:
+    """The relay configuration as the container reads it: the ConfigMap's file, or, where the container
+    renders a template at start, what its start script renders (NODE_IP 192.0.2.7, the env's values)."""
+    relay = container(ds, "edge-relay")
+    if relay.get("command") != ["/bin/sh", "-c"]:
+        return load_config_from(objs, "edge-relay-config", "config.yaml", tmp_path)
+    script = relay["args"][0]
+    run = re.search(r"^\s*exec edge-relay run --config (\S+)", script, re.M)
+    assert run, "the start script must exec the relay"
+    rendered = Path(run.group(1))
+    template_vol, template_key = mount_of(ds, relay, "/etc/edge-relay/config/config.yaml")
+    assert template_vol["configMap"]["name"].startswith("edge-relay-config-")
+    assert mount_of(ds, relay, str(rendered))[0]["emptyDir"]["medium"] == "Memory"
+    (tmp_path / "template").mkdir(exist_ok=True)
+    (tmp_path / "template/config.yaml").write_text(configmap(objs, "edge-relay-config")["data"][template_key])
+    body = script[: run.start()].replace("/etc/edge-relay/config/", f"{tmp_path}/template/")
+    body = body.replace(str(rendered.parent) + "/", f"{tmp_path}/")
+    env = {e["name"]: e.get("value", "") for e in relay["env"] if "value" in e}
+    env["NODE_IP"] = "192.0.2.7"
+    subprocess.run(["/bin/sh", "-c", body], check=True, timeout=30, env={**os.environ, **env})
+    out = tmp_path / rendered.name
+    assert "${" not in out.read_text(), out.read_text()
+    return out
+
+
+@pytest.mark.parametrize("name", list(RELAY_DAEMONSETS))
+def test_spool_outlives_the_pod(name: str, tmp_path: Path) -> None:
+    """The unacknowledged backlog survives a rollout, an eviction and a reboot: the spool is a directory
+    of the node (never an emptyDir, which dies with the pod), the same one for every pod the DaemonSet
+    puts on that node, one pod at a time, owned by the relay, and what is kept there fits what the
+    manifests reserve."""
+    objs = build(name)
+    ds_name, host_dir = RELAY_DAEMONSETS[name]
+    ds = find(objs, "DaemonSet", ds_name)
+    relay = container(ds, "edge-relay")
+    s = relay_settings.load(str(relay_config_file(objs, ds, tmp_path)))
+    spool_vol, _ = mount_of(ds, relay, s.spool_path)
+    assert "emptyDir" not in spool_vol
+    assert spool_vol["hostPath"] == {"path": host_dir, "type": "DirectoryOrCreate"}
+    # A new pod starts only once the old one is gone: never two relays on one spool.
+    rolling = ds["spec"]["updateStrategy"]
+    assert rolling["type"] == "RollingUpdate" and rolling["rollingUpdate"]["maxSurge"] == 0
+
+    # Sized: the relay's cap, plus the bridge broker's queue where it shares the directory.
+    used = s.spool_max_bytes
+    assert used > 0
+    spec = pod_spec(ds)
+    for c in spec["containers"]:
+        mounted = {volume(ds, m["name"]).get("hostPath", {}).get("path") for m in c.get("volumeMounts", [])}
+        if c["name"] != "edge-relay" and host_dir in mounted:
+            bridge = configmap(objs, "edge-broker-config")["data"]["bridge.conf"]
+            match = re.search(r"^max_queued_bytes (\d+)$", bridge, re.M)
+            assert match, "a broker sharing the spool directory must bound its queue"
+            used += int(match.group(1))
+            # It writes there through the relay's group (fsGroup, a supplemental group of every container).
+            assert spec["securityContext"]["fsGroup"] == relay["securityContext"]["runAsGroup"]
+    assert used <= 2 * 2**30, f"{used} bytes kept on the node, {SPOOL_RESERVED} reserved"
+    readme = (DEPLOY / "README.md").read_text()
+    assert host_dir in readme and f"{SPOOL_RESERVED}" in readme
+
+    # The kubelet creates the directory as root: the init container hands it to the relay, with
+    # nothing but the capabilities to do so.
+    [init] = [c for c in spec["initContainers"] if c["name"] == "spool-owner"]
+    isc = init["securityContext"]
+    assert set(isc["capabilities"]["add"]) <= {"CHOWN", "FOWNER"} and isc["capabilities"]["drop"] == ["ALL"]
+    assert isc["readOnlyRootFilesystem"] is True and isc["allowPrivilegeEscalation"] is False
+    assert [volume(ds, m["name"]) for m in init["volumeMounts"]] == [spool_vol]
+    [mount] = init["volumeMounts"]
+    assert mount["mountPath"] == str(Path(s.spool_path).parent)
+    if os.geteuid() != 0:
+        return
+    node_dir = tmp_path / "node-dir"
+    node_dir.mkdir(mode=0o755)
+    script = init["args"][0].replace(mount["mountPath"], str(node_dir))
+    for _ in range(2):  # a new pod on a directory that a former one already owns changes nothing
+        subprocess.run([*init["command"], script], check=True, timeout=30)
+        st = node_dir.stat()
+        rsc = relay["securityContext"]
+        assert (st.st_uid, st.st_gid) == (rsc["runAsUser"], rsc["runAsGroup"])
+        assert st.st_mode & 0o7777 == 0o2770
+
+
+# build -> the GPU exporter's job, the build of the sidecar overlay for the same nodes, the vendor's presets
+STANDALONE = {
+    "relay": ("dcgm-exporter", "edge", "dcgm"),
+    "relay-amd": ("amd-device-metrics-exporter", "edge-amd", "amd"),
+    "relay-intel": ("xpumd", "edge-intel", "intel"),
+}
+
+
+@pytest.mark.parametrize("name", list(STANDALONE))
+def test_standalone_relay_scrapes_its_nodes_exporters(name: str, tmp_path: Path) -> None:
+    """The relay as its own DaemonSet: nothing but the relay, unprivileged, reading the exporters the
+    operator already runs on the node's IP (downward API), with the vendor's exporter and presets."""
+    job, sidecar_build, preset = STANDALONE[name]
+    objs = build(name)
+    assert {o["kind"] for o in objs if "template" in o.get("spec", {})} == {"DaemonSet"}
+    ds = find(objs, "DaemonSet", "edge-relay")
+    spec = pod_spec(ds)
+    assert [c["name"] for c in spec["containers"]] == ["edge-relay"]
+    assert not spec.get("hostPID") and not spec.get("hostNetwork") and not spec.get("hostIPC")
+    assert spec["automountServiceAccountToken"] is False
+    relay = container(ds, "edge-relay")
+    sc = relay["securityContext"]
+    assert sc["privileged"] is False and sc["runAsNonRoot"] is True and sc["runAsUser"] != 0
+    assert sc["readOnlyRootFilesystem"] is True and sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    env = {e["name"]: e for e in relay["env"]}
+    assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
+    assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+    # The same nodes as the sidecar overlay of that vendor, and its exporter's port.
+    sidecar_objs = build(sidecar_build)
+    sidecar = find(sidecar_objs, "DaemonSet", "kepler-edge-relay")
+    assert spec["nodeSelector"] == pod_spec(sidecar)["nodeSelector"]
+    assert spec["tolerations"] == pod_spec(sidecar)["tolerations"]
+    exporter = find(sidecar_objs, "DaemonSet", job)
+    [exporter_port] = [p["containerPort"] for p in pod_spec(exporter)["containers"][0]["ports"]]
+
+    s = relay_settings.load(str(relay_config_file(objs, ds, tmp_path)))
+    targets = {t.name: t for t in s.targets}
+    urls = {name: urlsplit(t.url) for name, t in targets.items()}
+    assert set(targets) == {"kepler", "gpu", "node", "edge-relay"}
+    for target in ("kepler", "gpu", "node"):
+        assert urls[target].hostname == "192.0.2.7", "the node's exporters, on the node's IP"
+    assert (targets["gpu"].job, urls["gpu"].port) == (job, exporter_port)
+    assert urls["kepler"].port == 28282 and urls["node"].port == 9100
+    metrics_port = int(s.metrics_listen.rsplit(":", 1)[1])
+    assert urls["edge-relay"].hostname == "127.0.0.1" and urls["edge-relay"].port == metrics_port
+    if s.mqtt.tls is not None:
+        for path in (s.mqtt.tls.ca_file, s.mqtt.tls.cert_file, s.mqtt.tls.key_file):
+            assert path
+            mount_of(ds, relay, path)
+
+    # The vendor's presets, and node-exporter's.
+    budget_vol, budget_key = mount_of(ds, relay, s.budget_file)
+    assert budget_vol["configMap"]["name"].startswith("edge-relay-budget-")
+    budget_file = load_config_from(objs, "edge-relay-budget", budget_key, tmp_path)
+    presets = [c.get("preset") for c in yaml.safe_load(budget_file.read_text())["classes"]]
+    assert presets[0] == f"{preset}-critical" and {preset, "node", "kepler"} <= set(presets)
+    assert relay_budget.load(budget_file).warnings(s.batch_max_bytes) == []
+
+    # It may reach every exporter it scrapes, the broker and DNS; nothing may reach it.
+    policy = find(objs, "NetworkPolicy", "edge-relay")["spec"]
+    pod_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["ingress"] == []
+    allowed = {p["port"] for rule in policy["egress"] for p in rule["ports"]}
+    assert {urls[t].port for t in ("kepler", "gpu", "node")} | {s.mqtt.port, 53} <= allowed
+
+
+def test_one_place_sets_the_image() -> None:
+    """Every overlay runs the project's image as the image component names it, and nothing else names it."""
+    component = yaml.safe_load((DEPLOY / "kubernetes/components/image/kustomization.yaml").read_text())
+    [image] = component["images"]
+    expected = f"{image['newName']}:{image['newTag']}"
+    for k in DEPLOY.rglob("kustomization.yaml"):
+        if k.parent.name != "image":
+            names = [i["name"] for i in yaml.safe_load(k.read_text()).get("images", [])]
+            assert image["name"] not in names, f"{k.relative_to(ROOT)} sets the image too"
+    seen = 0
+    for name in BUILDS:
+        if name.startswith("base-"):
+            continue
+        for obj in build(name):
+            if "template" not in obj.get("spec", {}):
+                continue
+            spec = pod_spec(obj)
+            for c in spec.get("initContainers", []) + spec["containers"]:
+                if c["image"].rsplit(":", 1)[0].endswith(image["name"]):
+                    assert c["image"] == expected, f"{name}: {obj['metadata']['name']}/{c['name']}"
+                    seen += 1
+    assert seen >= 10
+
+
 # --- the cloud ----------------------------------------------------------------------------------------
 
 
@@ -605,200 +833,6 @@ def test_cloud_objects_fit_together(tmp_path: Path) -> None:
         grafana_cm["data"]["kepler-edge-relay.json"]
         == (DEPLOY / "grafana/dashboards/kepler-edge-relay.json").read_text()
     )
-
-
-# --- the scale-out overlay -------------------------------------------------------------------------
-
-
-def scaleout_settings(objs: tuple[dict[str, Any], ...], tmp_path: Path) -> ingest_settings.Settings:
-    ingest = find(objs, "StatefulSet", "cloud-ingest")
-    c = container(ingest, "cloud-ingest")
-    vol, key = mount_of(ingest, c, c["args"][c["args"].index("--config") + 1])
-    cfg_file = tmp_path / "ingest.yaml"
-    cfg_file.write_text(
-        next(o for o in objs if o["metadata"]["name"] == vol["configMap"]["name"])["data"][key]
-    )
-    return ingest_settings.load(str(cfg_file))
-
-
-def emqx_settings(text: str) -> dict[str, str]:
-    """``section.key -> value`` of the flat ``key = value`` lines in the HOCON blocks of emqx.conf."""
-    out: dict[str, str] = {}
-    stack: list[str] = []
-    for raw in text.splitlines():
-        line = raw.split("##", 1)[0].strip()
-        if not line:
-            continue
-        if line.endswith("{"):
-            stack.append(line[:-1].strip())
-        elif line == "}":
-            stack.pop()
-        else:
-            key, _, value = line.partition("=")
-            out[".".join([*stack, key.strip()])] = value.strip().strip('"')
-    assert not stack, "unbalanced braces in emqx.conf"
-    return out
-
-
-def emqx_bytes(value: str) -> int:
-    number, unit = re.fullmatch(r"(\d+)(KB|MB|GB)?", value).groups()  # type: ignore[union-attr]
-    return int(number) * {None: 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}[unit]
-
-
-def emqx_seconds(value: str) -> int:
-    number, unit = re.fullmatch(r"(\d+)([smhd])", value).groups()  # type: ignore[union-attr]
-    return int(number) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[unit]
-
-
-@pytest.mark.parametrize("name", SCALEOUT_BUILDS)
-def test_scaleout_replaces_mosquitto_and_scales_the_ingesters(name: str, tmp_path: Path) -> None:
-    objs = build(name)
-    # EMQX replaces mosquitto: nothing of it is left, nothing refers to it.
-    assert not [o for o in objs if o["metadata"]["name"].startswith("mosquitto")]
-    assert "mosquitto-tls" not in json.dumps(objs) and "mosquitto-passwords" not in json.dumps(objs)
-
-    ingest = find(objs, "StatefulSet", "cloud-ingest")
-    c = container(ingest, "cloud-ingest")
-    env = {e["name"]: e for e in c["env"]}
-    assert env["CLOUD_INGEST_CLIENT_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
-    assert "replicas" not in ingest["spec"], "the HPA owns the replica count"
-    s = scaleout_settings(objs, tmp_path)
-    # Clean sessions: a replica's session (and EMQX's choice of it) ends with the replica, so client
-    # ids need to be unique (the pod name) but not stable (deploy/README.md, "Scale-out").
-    assert s.session_expiry_seconds == 0
-    assert s.share_group == "ingest"
-    assert s.mqtt_host.startswith("emqx-") and s.mqtt_port == 8885  # the ingesters' own listener
-    assert s.tls is not None
-    for path in (s.tls.ca_file, s.tls.cert_file, s.tls.key_file):
-        assert path
-        mount_of(ingest, c, path)
-
-    hpa = find(objs, "HorizontalPodAutoscaler", "cloud-ingest")
-    assert hpa["apiVersion"] == "autoscaling/v2"
-    assert hpa["spec"]["scaleTargetRef"] == {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "name": "cloud-ingest",
-    }
-    lo, hi = hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]
-    assert 2 <= lo < hi
-    pdb = find(objs, "PodDisruptionBudget", "cloud-ingest")
-    assert pdb["spec"] == {"maxUnavailable": 1, "selector": pdb["spec"]["selector"]}
-    assert (
-        pdb["spec"]["selector"]["matchLabels"].items()
-        <= ingest["spec"]["template"]["metadata"]["labels"].items()
-    )
-    assert lo > pdb["spec"]["maxUnavailable"]
-
-    # The metric: one the ingester exports, labelled as Prometheus scrapes it, and a target the
-    # replicas can reach (each holds at most receive_maximum batches).
-    [metric] = hpa["spec"]["metrics"]
-    assert metric["type"] == "External"
-    exported = {f.name for f in IngestMetrics().registry.collect()}
-    assert metric["external"]["metric"]["name"] in exported
-    prom_cfg = yaml.safe_load(configmap(objs, "prometheus-config")["data"]["prometheus.yml"])
-    jobs = {j["job_name"] for j in prom_cfg["scrape_configs"]}
-    assert metric["external"]["metric"]["selector"]["matchLabels"] == {"job": "cloud-ingest"}
-    assert "cloud-ingest" in jobs
-    target = metric["external"]["target"]
-    assert target["type"] == "AverageValue"
-    assert 0 < float(target["averageValue"]) < s.receive_maximum
-    # Slow to scale in: a replica that leaves hands its in-flight batches back.
-    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] >= 300
-
-
-def test_scaleout_emqx_settings_fit_the_ingesters_and_relays(tmp_path: Path) -> None:
-    objs = build("cloud-scaleout")
-    text = (SCALEOUT / "emqx/emqx.conf").read_text()
-    assert configmap(objs, "emqx-ingest-settings")["data"]["emqx.conf"] == text
-    emqx = emqx_settings(text)
-    s = scaleout_settings(objs, tmp_path)
-    assert emqx["mqtt.shared_subscription"] == "true"
-    assert emqx["mqtt.shared_subscription_strategy"] in {
-        "random", "round_robin", "round_robin_per_group", "sticky", "local", "hash_topic", "hash_clientid"
-    }  # fmt: skip
-    assert emqx["mqtt.shared_subscription_strategy"] != "sticky", "sticky sends everything to one replica"
-    # EMQX sends min(max_inflight, Receive Maximum): below receive_maximum the HPA metric saturates early.
-    assert int(emqx["mqtt.max_inflight"]) >= s.receive_maximum
-    assert 0 < int(emqx["mqtt.max_mqueue_len"]) <= 10_000, "bounded: a batch can be 1 MiB"
-    assert emqx["mqtt.mqueue_store_qos0"] == "false"
-    # The largest batch the ingesters accept, plus topic and properties, must fit in a packet.
-    assert emqx_bytes(emqx["mqtt.max_packet_size"]) >= s.limits.max_payload_bytes + (64 << 10)
-    assert emqx["mqtt.retain_available"] == "true", "statuses are retained"
-    relay_session = load_schema("edge-relay-config.schema.json")["properties"]["mqtt"]["properties"][
-        "session_expiry_seconds"
-    ]["default"]
-    assert emqx_seconds(emqx["mqtt.session_expiry_interval"]) >= relay_session
-    assert emqx["mqtt.peer_cert_as_username"] == "cn"
-    for listener in ("default", "ingest"):
-        tls = f"listeners.ssl.{listener}.ssl_options"
-        assert emqx[f"{tls}.verify"] == "verify_peer" and emqx[f"{tls}.fail_if_no_peer_cert"] == "true"
-    # Client ids pinned to the certificate on the edge listener (no session takeover by another node);
-    # the ingesters on a listener of their own, opened only by the ingester CA, at the port they use.
-    assert emqx["listeners.ssl.default.bind"].endswith(":8883")
-    assert emqx["listeners.ssl.default.zone"] == "edge"
-    assert emqx["zones.edge.mqtt.peer_cert_as_clientid"] == "cn"
-    assert emqx["zones.edge.mqtt.peer_cert_as_username"] == "cn"
-    assert emqx["listeners.ssl.ingest.bind"].endswith(f":{s.mqtt_port}")
-    assert "listeners.ssl.ingest.zone" not in emqx
-    ingest_ca = emqx["listeners.ssl.ingest.ssl_options.cacertfile"]
-    assert ingest_ca != emqx["listeners.ssl.default.ssl_options.cacertfile"]
-    assert emqx["authorization.no_match"] == "deny"
-
-
-def test_prometheus_adapter_rule_serves_the_hpa_metric() -> None:
-    objs = build("cloud-scaleout")
-    values = yaml.safe_load((SCALEOUT / "prometheus-adapter/values.yaml").read_text())
-    namespace = find(objs, "Namespace")["metadata"]["name"]
-    prom_svc = find(objs, "Service", "prometheus")
-    assert urlsplit(values["prometheus"]["url"]).hostname == f"prometheus.{namespace}.svc"
-    assert values["prometheus"]["port"] in [p["port"] for p in prom_svc["spec"]["ports"]]
-    assert values["rules"]["default"] is False
-    [rule] = values["rules"]["external"]
-    metric = find(objs, "HorizontalPodAutoscaler", "cloud-ingest")["spec"]["metrics"][0]["external"]["metric"]
-    assert rule["name"]["as"] == metric["name"]
-    assert re.fullmatch(rule["name"]["matches"], metric["name"])
-    selector = ",".join(f'{k}="{v}"' for k, v in metric["selector"]["matchLabels"].items())
-    assert rule["seriesQuery"] == f"{metric['name']}{{{selector}}}"
-    # No namespace label on series from DNS discovery: the rule must not add the HPA's namespace.
-    assert rule["resources"] == {"namespaced": False}
-    assert "<<.Series>>" in rule["metricsQuery"] and "<<.LabelMatchers>>" in rule["metricsQuery"]
-    assert rule["metricsQuery"].startswith("sum("), "the HPA divides a fleet-wide sum by the replicas"
-    readme = (DEPLOY / "README.md").read_text()
-    assert rule["metricsQuery"] in readme and rule["seriesQuery"] in readme
-
-
-RECEIVERS = {
-    # build -> (URL path pattern, tenant header or None when the tenant is in the path)
-    "cloud-scaleout": (r"/api/v1/push", "X-Scope-OrgID"),
-    "cloud-scaleout-victoriametrics": (r"/insert/\d+(:\d+)?/prometheus/api/v1/write", None),
-    "cloud-scaleout-thanos": (r"/api/v1/receive", "THANOS-TENANT"),
-}
-
-
-@pytest.mark.parametrize("name", list(RECEIVERS))
-def test_each_receiver_gets_its_write_path_and_tenant(name: str, tmp_path: Path) -> None:
-    s = scaleout_settings(build(name), tmp_path)
-    path, header = RECEIVERS[name]
-    url = urlsplit(s.remote_write_url)
-    assert re.fullmatch(path, url.path), s.remote_write_url
-    assert url.scheme == "http" and url.hostname and url.port != 9090
-    if header is None:
-        assert s.remote_write_headers == {}
-    else:
-        assert list(s.remote_write_headers) == [header] and s.remote_write_headers[header]
-    RemoteWriteClient(s.remote_write_url, headers=s.remote_write_headers).close()
-
-
-def test_receiver_variants_differ_only_in_remote_write() -> None:
-    configs = {
-        path: yaml.safe_load(path.read_text())
-        for path in [SCALEOUT / "config/cloud-ingest.yaml", *SCALEOUT.glob("receivers/*/cloud-ingest.yaml")]
-    }
-    assert len(configs) == 3
-    rest = [{k: v for k, v in c.items() if k != "remote_write"} for c in configs.values()]
-    assert all(r == rest[0] for r in rest)
-    assert len({json.dumps(c["remote_write"], sort_keys=True) for c in configs.values()}) == 3
 
 
 def test_kubeedge_edgecore_notes_are_valid_yaml_with_the_keys_that_matter() -> None:

@@ -797,7 +797,7 @@ class HostileFlood(Scenario):
             + (f"; flooder errors: {self.errors[:3]}" if self.errors else "")
             + "; no takeover attempt with the relay's client id: the bench's broker (testkit Mosquitto: "
             "anonymous, no ACL, no use_username_as_clientid) pins nothing, so it would be let in by "
-            "design (the shipped broker's pinning is tests/test_mqtt_tls.py's)"
+            "design (the shipped broker's pinning is tests/system/test_mqtt_tls.py's)"
         )
 
 

@@ -5,7 +5,7 @@ a bounded window of ``protoc`` releases (newer gencode even refuses older runtim
 ``protobuf>=5.27,<8`` and CI/Debian ship ``protoc`` 3.21.  A ``FileDescriptorProto`` built from
 ``descriptor_pb2`` plus ``message_factory.GetMessageClass`` is public API on every runtime in that range
 and on all three backends (upb, cpp, python), so nothing here depends on which protoc produced it.
-``tests/test_write.py`` compiles the ``.proto`` with ``protoc --descriptor_set_out`` and asserts the
+``tests/cloud/test_write.py`` compiles the ``.proto`` with ``protoc --descriptor_set_out`` and asserts the
 result equals :data:`FILE_DESCRIPTOR_PROTO`, so the ``.proto`` stays the source of truth.
 
 The descriptor lives in a private pool: registering a ``prometheus`` package in the default pool

@@ -16,7 +16,7 @@ during ticks ``[start_tick, start_tick + duration_ticks)``:
 - ``memleak``: frame buffer used grows steadily to the total (free to zero) over 80 % of the window and
   stays full.
 
-What stays true (tests/test_incidents.py): outside the window and on every other GPU the payloads are
+What stays true (tests/tooling/test_incidents.py): outside the window and on every other GPU the payloads are
 byte for byte those of the simulator without incidents, except that the incident GPU's counters keep
 what they gained in the window (energy, remapped rows, ECC: a counter never gives anything back); the
 counters stay monotonic, ``rate(energy) == power`` still holds, and Kepler's GPU watts and joules (node

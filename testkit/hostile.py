@@ -172,7 +172,7 @@ def expansion_batch(
     """A legal wire-format batch of ``node`` (far under the payload cap: tens of KiB) whose ``series``
     series share four label values of ``value_bytes`` bytes: as a remote-write request every series
     repeats them, ``series x 4 x value_bytes`` bytes (800 MB with the defaults); as
-    ``tests/test_ingest_bounds.py``'s ``shared_values_batch``."""
+    ``tests/cloud/test_ingest_bounds.py``'s ``shared_values_batch``."""
     from schemas import codec
     from schemas.model import Batch, ScrapeBlock
 

@@ -32,7 +32,7 @@ Adding a vendor (an exporter), the files a contributor edits:
 1. ``vendors/<exporter>.py``: its ``RECORD`` (copy the closest one), and its line in
    ``vendors/registry.py``'s ``RECORDS`` (the order is the schema's);
 2. its sample page, ``simulator/data/<exporter>-sample.prom`` (a real scrape), named in the record's
-   ``samples``; ``tests/test_vendor_registry.py`` checks its presets against it;
+   ``samples``; ``tests/common/test_vendor_registry.py`` checks its presets against it;
 3. ``python -m vendors.generate --update``, then
    ``python -m relay_common.configdoc --update docs/configuration.md`` (the config reference shows the
    enum): generated, not edited by hand.

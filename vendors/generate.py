@@ -9,7 +9,7 @@ JSON Schema and Prometheus cannot import the registry, so their copies of it are
 - ``deploy/prometheus/rules/gpu-vendors.rules.yml``: the whole file, from each record's ``rules``.
 
 ``python -m vendors.generate --update`` rewrites both (from the repository's root); ``--check`` exits 1
-when one is stale. ``tests/test_vendor_registry.py`` fails when the shipped files differ from these.
+when one is stale. ``tests/common/test_vendor_registry.py`` fails when the shipped files differ from these.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def budget_schema(text: str) -> str:
 
 RULES_HEADER: Final = """\
 Generated from the exporters' records in vendors/ (`python -m vendors.generate --update`): edit those,
-not this file; tests/test_vendor_registry.py checks that it is current.
+not this file; tests/common/test_vendor_registry.py checks that it is current.
 
 Vendor-independent GPU series, recorded from each vendor's exporter, in base units, with a `vendor`
 label ({vendors}) and a `gpu` label (the device: the exporter's GPU index or address, "0" on a

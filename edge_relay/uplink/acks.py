@@ -2,7 +2,7 @@
 
 The uplink thread calls ``apply_ack`` for every ack it receives; it touches only the ``SendQueue``,
 the ``InFlight`` set and, with stream coding, the ``StreamCoder``, so the delivery state machine is
-tested without a broker (``tests/test_delivery_state.py``).
+tested without a broker (``tests/edge/test_delivery_state.py``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from schemas.model import Batch, Labels
 # building Label/Sample sub-messages through the protobuf API (upb) measured ~2.5x slower (7.2 vs
 # 2.9 us/sample for 20k series x 9 labels x 1 scrape), and this runs for every batch.  The wire format
 # used is tiny (length-delimited sub-messages, one fixed64 double, one varint int64) and
-# tests/test_write.py checks the output is byte-identical to what the message classes serialize, then
+# tests/cloud/test_write.py checks the output is byte-identical to what the message classes serialize, then
 # decodes it with them.  Like the official serializer we omit proto3 fields equal to their default
 # (empty string, 0 timestamp, +0.0 value by bit pattern, so -0.0 and every NaN payload are kept).
 # ---------------------------------------------------------------------------------------------------
@@ -249,7 +249,7 @@ def build_write_request(batch: Batch, labels_cache: LabelBytes | None = None) ->
     # every series carrying it references that one bytes object. Building each TimeSeries as bytes of
     # its own first copied every shared label value once per series, three times over, before the final
     # join copied it again: 50,000 series sharing four 4,000-byte values (an 800 MB request) peaked at
-    # 1.5 GiB; now the request and a list of references (tests/test_ingest_bounds.py measures it).
+    # 1.5 GiB; now the request and a list of references (tests/cloud/test_ingest_bounds.py measures it).
     pair_cache: dict[tuple[str, str], bytes] = {}
     get_pair = pair_cache.get
     pieces: list[bytes] = []

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_faults_link import DRAIN_SECONDS, FAULT_SECONDS, FaultRun, spool_file_rows
 
+from testkit.faultrun import DRAIN_SECONDS, FAULT_SECONDS, FaultRun, spool_file_rows
 from testkit.oracle import read_served_log
 from testkit.services import Mosquitto, Prometheus, ServiceFactory, wait_until
 

@@ -11,10 +11,9 @@ from collections.abc import Callable
 
 import cramjam
 import pytest
-from test_faults_link import FAULT_SECONDS, FaultRun, sleep_until
-from test_faults_link import fault_run as fault_run  # the shared fixture (explicit re-export)
 
 from schemas.remote_write_pb import WriteRequest
+from testkit.faultrun import FAULT_SECONDS, FaultRun, sleep_until
 from testkit.netfaults import RemoteWriteProxy
 from testkit.services import Mosquitto, Prometheus, ServiceFactory
 

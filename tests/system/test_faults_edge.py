@@ -479,7 +479,14 @@ def _fill_spool_during_outage(edge: Edge) -> Outage:
 
         return check
 
-    first = wait_until(full_events(1), timeout=30, interval=0.2, message="the spool to fill up")
+    wait_until(full_events(1), timeout=30, interval=0.2, message="the spool to fill up")
+
+    def dropped() -> list[tuple[str, dict[str, str], float]] | None:
+        # Read after the room is made: the failed write is counted before the eviction's ledger entry.
+        m = edge.relay_metrics()
+        return m if metric(m, "edge_relay_samples_dropped_total", reason="spool_full") > 0 else None
+
+    first = wait_until(dropped, timeout=10, interval=0.2, message="the samples given up in the ledger")
     # The relay reports it: the failed write, and the samples given up in the loss ledger.
     assert metric(first, "edge_relay_samples_dropped_total", reason="spool_full") > 0, edge.relay.log_tail()
     # Keep it full for several cycles: it fills again (room is made by evicting), the relay keeps going.

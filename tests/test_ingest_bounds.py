@@ -237,14 +237,8 @@ def test_a_qos0_flood_is_refused_counted_and_never_queued(
     assert sample(ingester, "cloud_ingest_samples_written_total", node="flooder") == 0
 
 
-def test_qos1_batches_held_never_exceed_the_receive_maximum(
-    edge: Edge, ingesters: Ingesters, receivers: Receivers
-) -> None:
-    """Receive Maximum 4, a receiver taking 0.2 s a write, 40 batches published at once: never more than
-    4 held, whatever mosquitto releases per PUBACK; all of them written in the end."""
-    receiver = receivers(Reply(delay=0.2))
-    ingester = ingesters.start(receiver.url, "rm", mqtt__receive_maximum=4)
-    depth = Depth(ingester)
+def publish_40_at_once_all_written(edge: Edge) -> None:
+    """40 batches of 8 nodes published without waiting for one another; each is acked ok in the end."""
     base = now_ms() - 60_000
     batches = [make_batch(f"node-{seq % 8}", seq, base + 100 * seq) for seq in range(1, 41)]
     infos = [
@@ -255,6 +249,17 @@ def test_qos1_batches_held_never_exceed_the_receive_maximum(
         info.wait_for_publish(10)
     for b in batches:
         assert edge.wait_result(b.node, b.seq, timeout=60).result == "ok"
+
+
+def test_qos1_batches_held_never_exceed_the_receive_maximum(
+    edge: Edge, ingesters: Ingesters, receivers: Receivers
+) -> None:
+    """Receive Maximum 4, a receiver taking 0.2 s a write, 40 batches published at once: never more than
+    4 held, whatever mosquitto releases per PUBACK; all of them written in the end."""
+    receiver = receivers(Reply(delay=0.2))
+    ingester = ingesters.start(receiver.url, "rm", mqtt__receive_maximum=4)
+    depth = Depth(ingester)
+    publish_40_at_once_all_written(edge)
     assert depth.stop() <= 4
     assert ingester.admission.held == 0
 
@@ -275,16 +280,7 @@ def test_batches_slower_than_the_keepalive_do_not_drop_the_connection(
         mqtt__keepalive_seconds=2,
         remote_write__timeout_seconds=10,
     )
-    base = now_ms() - 60_000
-    batches = [make_batch(f"node-{seq % 8}", seq, base + 100 * seq) for seq in range(1, 41)]
-    infos = [
-        edge.client.publish(topics.batch_topic(PREFIX, INGEST_CLUSTER, b.node), codec.encode_batch(b), qos=1)
-        for b in batches
-    ]
-    for info in infos:
-        info.wait_for_publish(10)
-    for b in batches:
-        assert edge.wait_result(b.node, b.seq, timeout=60).result == "ok"
+    publish_40_at_once_all_written(edge)
     log = mosquitto.log_path.read_text(errors="replace")
     assert "ingest-slow has exceeded timeout" not in log
     assert log.count(" as ingest-slow ") == 1, "the ingester connected more than once"

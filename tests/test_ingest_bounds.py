@@ -7,9 +7,10 @@ over ``REQUEST_EXPANSION`` x the decompression limit, before anything is built, 
 ``build_write_request`` references each encoded label pair instead of copying it into every series.
 
 Item 15: QoS 0 batches have no flow control at all, so a flood of them queued without bound; they are
-refused and counted now. QoS 1 batches held in memory are capped at the Receive Maximum the ingester
-announces, whatever the broker does (``cloud_ingest.intake.mqtt.admission.Admission``). Real mosquitto
-for both.
+refused and counted now. QoS 1 batches at work are capped at the Receive Maximum the ingester
+announces, whatever the broker does (``cloud_ingest.intake.mqtt.admission.Admission``), and what a
+broker sends beyond it waits in line without holding up paho's network thread, so batches slower than
+the keepalive do not drop the connection. Real mosquitto for all of them.
 """
 
 from __future__ import annotations

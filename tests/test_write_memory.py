@@ -13,12 +13,15 @@ import os
 import subprocess
 import sys
 import textwrap
+from array import array
 from pathlib import Path
 
 import pytest
 from test_ingest import MockReceiver, decode_write_body
 
+from cloud_ingest.sinks.remote_write.sink import requests_of
 from schemas.codec import DEFAULT_LIMITS
+from schemas.model import Batch, ScrapeBlock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,3 +93,27 @@ def test_a_batch_of_max_samples_is_written_whole_in_bounded_memory() -> None:
         assert growth_mib < MAX_GROWTH_MIB, f"writing the batch grew the process by {growth_mib:.0f} MiB"
     finally:
         receiver.close()
+
+
+def test_requests_of_cuts_a_batch_into_bounded_parts_in_time_order() -> None:
+    """Blocks of uneven sizes, out of time order, cut at 7 samples a request: every sample once, each
+    series' samples in time order across the parts, each part within the bound."""
+    labelsets = [(("__name__", "m"), ("i", str(i))) for i in range(6)]
+    sizes_and_times = [(6, 3000), (2, 1000), (5, 2000), (1, 4000)]
+    blocks = [
+        ScrapeBlock(ts, array("I", range(n)), array("d", [ts + i for i in range(n)]))
+        for n, ts in sizes_and_times
+    ]
+    batch = Batch("c", "n", 4, labelsets, blocks, incarnation=9)
+    parts = list(requests_of(batch, 7))
+    assert [p.sample_count for p in parts] == [7, 7]
+    assert all((p.seq, p.incarnation, p.labelsets) == (4, 9, labelsets) for p in parts)
+    seen = [
+        (b.timestamp_ms, s, v)
+        for p in parts
+        for b in p.scrapes
+        for s, v in zip(b.series, b.values, strict=True)
+    ]
+    want = sorted((ts, i, float(ts + i)) for n, ts in sizes_and_times for i in range(n))
+    assert seen == want
+    assert list(requests_of(batch, 14)) == [batch]  # a batch that fits is not copied

@@ -146,7 +146,13 @@ class IngestMetrics:
         self.stream_evictions = Counter(
             "cloud_ingest_stream_state_evictions_total",
             "Nodes whose stream states were forgotten to stay within stream.max_nodes (each costs a "
-            "need_state later).",
+            "need_state later); only nodes idle for 15 minutes are.",
+            registry=r,
+        )
+        self.stream_newcomers_refused = Counter(
+            "cloud_ingest_stream_state_newcomers_refused_total",
+            "Frames of nodes whose states were not kept because stream.max_nodes nodes were all "
+            "active in the last 15 minutes (the node's next delta frame is acked need_state).",
             registry=r,
         )
         self.fleet_collector = FleetCollector(self.fleet)

@@ -3,10 +3,11 @@
 Stages, in order (``flow.py`` runs them):
 
 - ``decode.py``: the untrusted payload -> a validated batch, or a refusal with a reason: the codec's
-  checks, the node's identity from the topic (``pin_identity``), samples too far in the future split
-  off (``cloud_ingest.isolate.split_future``), and a batch refused whose request at the sink would be
-  far larger than itself (the sink's ``request_bound``). v3 frames decode against
-  ``stream_state.py``, the per-process stream state that the intake's follow path also advances.
+  checks, the node's identity from the topic (``pin_identity``: no series may claim another node),
+  samples too far in the future split off (``cloud_ingest.isolate.split_future``), and a batch
+  refused whose request at the sink would be far larger than itself (the sink's ``request_bound``).
+  v3 frames decode against ``stream_state.py``, the per-process stream state that the intake's follow
+  path also advances.
 - the sink (``sinks/``): writes the batch, and says what was written, what refused for good, or that
   it must be retried later.
 - ``finish.py``: what becomes of it: the dead letter stored first (refused samples, invalid payloads),

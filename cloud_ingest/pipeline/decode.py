@@ -2,8 +2,14 @@
 
 Everything in a payload is hostile until checked: the codec enforces sizes, decompression limits
 and label rules; this stage adds what only the cloud knows (the topic the message came on, the clock),
-and makes every series carry the topic's cluster and node (``pin_identity``), so no node can write
-another node's series. It also refuses a batch whose request at the sink would be far larger than the
+and makes sure no series claims another node (``pin_identity``): a ``cluster`` or ``node`` label that
+differs from the topic's is overwritten with the topic's, the value sent kept as ``exported_cluster``
+/ ``exported_node`` (as Prometheus does for a target label with ``honor_labels: false``), whatever the
+relay's ``add_node_labels``. Overwritten rather than refused: the series is the node's own data, only
+mislabelled (an exporter's own ``node`` label, say), and refusing it would lose it. A missing label is
+not added: the relay adds both (``add_node_labels: true``, the default) or was told to send series
+exactly as Prometheus would scrape them (``false``), and the ingester cannot tell the two apart, nor
+needs to. It also refuses a batch whose request at the sink would be far larger than the
 batch itself (``expansion_limit``: measured by the sink's ``request_bound``), before the sink builds it.
 
 Payloads are decoded by ``decoder`` (the pipeline passes ``StreamState.decode``, which decodes v1/v2 as
@@ -172,11 +178,12 @@ _EXPORTED = "exported_"
 
 
 def pin_identity(labelsets: list[Labels], cluster: str, node: str) -> tuple[list[Labels], int]:
-    """Every label set with the topic's ``cluster`` and ``node``: the topic is what the broker's ACL
-    vouches for, the labels are whatever the node sent. Returns the label sets (the same list when
-    nothing changed) and how many had a different value, which is kept as ``exported_<name>`` (again
-    prefixed while that name is taken), as Prometheus does for a target label with honor_labels: false.
-    A missing label is added. Once per label set, never per sample: the samples refer to the table.
+    """No label set claims another node: a ``cluster`` or ``node`` label with a value other than the
+    topic's (what the broker's ACL vouches for; the labels are whatever the node sent) gets the topic's,
+    the value sent kept as ``exported_<name>`` (again prefixed while that name is taken). A missing
+    label stays missing (``add_node_labels: false``). Returns the label sets (the same list when
+    nothing changed) and how many were changed. Once per label set, never per sample: the samples
+    refer to the table.
     """
     want_cluster, want_node = ("cluster", cluster), ("node", node)
     out = labelsets
@@ -185,21 +192,23 @@ def pin_identity(labelsets: list[Labels], cluster: str, node: str) -> tuple[list
         # Tuple membership runs in C: this check is all an honest node's label sets cost.
         if want_node in labels and want_cluster in labels:
             continue
-        if out is labelsets:
-            out = list(labelsets)
         pairs = dict(labels)
+        if "cluster" not in pairs and "node" not in pairs:
+            continue  # add_node_labels: false, an exporter without such labels
         changed = False
         for name, value in (want_cluster, want_node):
             sent = pairs.get(name)
-            if sent == value:
+            if sent is None or sent == value:
                 continue
+            changed = True
             pairs[name] = value
-            if sent:
-                changed = True
-                exported = _EXPORTED + name
-                while exported in pairs:
-                    exported = _EXPORTED + exported
-                pairs[exported] = sent
-        out[i] = tuple(sorted(pairs.items()))
-        overridden += changed
+            exported = _EXPORTED + name
+            while exported in pairs:
+                exported = _EXPORTED + exported
+            pairs[exported] = sent
+        if changed:
+            if out is labelsets:
+                out = list(labelsets)
+            out[i] = tuple(sorted(pairs.items()))
+            overridden += 1
     return out, overridden

@@ -10,8 +10,16 @@ What was chosen, and why:
 
 - One ``StreamDecoder`` per process behind one lock (``StreamState``). Decoding is CPU-bound Python
   (the GIL serialises it anyway), so a lock per node would buy nothing but complexity. Memory is
-  bounded: the states of at most ``max_nodes`` nodes (LRU: forgetting a node costs a ``need_state``
-  later, never a sample) and ``keep`` states per node (so a QoS 1 redelivery still finds its base).
+  bounded: the states of at most ``max_nodes`` nodes and ``keep`` states per node (so a QoS 1
+  redelivery still finds its base).
+- Which nodes keep their state when ``max_nodes`` are held: a newcomer never pushes out a node that
+  decoded a frame within ``protect_s``; only a node idle that long is forgotten for it (least recently
+  active first), otherwise the newcomer's own state is dropped at once. The topic's (cluster, node) is
+  whatever the publisher wrote and the ingester cannot tell identities apart over MQTT (the broker's
+  ACL binds them), so this is what keeps a flood of made-up nodes from costing live nodes their
+  state: the flood costs only itself. The newcomer's frame is still decoded and written (a key frame
+  needs no base); its next delta frame is acked ``need_state`` and the edge re-sends self-contained,
+  a cost in bytes, never a sample. Forgetting a node costs the same.
 - Each frame is decoded once: the outcome is cached under a blake2b digest of the payload (the two
   deliveries are the same bytes; the digest covers the header, so a cached result is only ever used
   for the same cluster/node/seq/inc), bounded by entries and by samples. A copy of the cached batch
@@ -40,6 +48,7 @@ import hashlib
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
 from schemas import codec
@@ -53,6 +62,9 @@ if TYPE_CHECKING:
 DEFAULT_WAIT_S: Final = 2.0
 DEFAULT_CACHE_ENTRIES: Final = 1024
 DEFAULT_CACHE_SAMPLES: Final = 2_000_000  # decoded values held for the other delivery: ~16 MB + labels
+# A node that decoded a frame this recently is never forgotten for a newcomer: far above any relay's
+# batch interval, so only nodes that stopped sending (or never came back) make room.
+DEFAULT_PROTECT_S: Final = 900.0
 _STUCK_MAX: Final = 4096
 _LOST_MAX: Final = 16384  # 16-byte state ids
 
@@ -82,7 +94,9 @@ class StreamState:
         wait_s: float = DEFAULT_WAIT_S,
         cache_entries: int = DEFAULT_CACHE_ENTRIES,
         cache_samples: int = DEFAULT_CACHE_SAMPLES,
+        protect_s: float = DEFAULT_PROTECT_S,
         metrics: IngestMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.limits = limits
         self.wait_s = wait_s  # 0 when nothing follows: no other delivery could bring the base
@@ -90,18 +104,23 @@ class StreamState:
         self.cache_entries = max(1, cache_entries)
         self.cache_samples = cache_samples
         self.metrics = metrics
-        self._decoder = StreamDecoder(limits, keep=keep, max_nodes=max_nodes)
+        self.max_nodes = max(1, max_nodes)
+        self.protect_s = protect_s
+        self._clock = clock
+        # The decoder holds every node it is given; which ones stay is decided here (_admit).
+        self._decoder = StreamDecoder(limits, keep=keep)
+        # Nodes whose states are held -> when they last decoded a frame, least recently active first.
+        self._active: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._cond = threading.Condition()
         self._cache: OrderedDict[bytes, _Entry] = OrderedDict()
         self._cached_samples = 0
-        self._evicted_seen = 0
         # Nodes whose last wait for a base timed out, with no frame of theirs decoded since.
         self._stuck: OrderedDict[tuple[str, str], None] = OrderedDict()
         # Ids of states whose frames came and could not be decoded (their base was not held).
         self._lost: OrderedDict[bytes, None] = OrderedDict()
         self.decodes = 0  # frames actually decoded (not served from the cache)
         if metrics is not None:
-            metrics.stream_nodes.set_function(lambda: float(self._decoder.nodes))
+            metrics.stream_nodes.set_function(lambda: float(len(self._active)))
 
     def set_following(self, following: bool) -> None:
         """Whether follow copies come now (the intake's follow path is live): only then may a shared copy
@@ -111,7 +130,7 @@ class StreamState:
     @property
     def nodes(self) -> int:
         """Nodes whose states are held."""
-        return self._decoder.nodes
+        return len(self._active)
 
     def has_state(self, cluster: str, node: str, sid: bytes) -> bool:
         with self._cond:
@@ -120,6 +139,7 @@ class StreamState:
     def forget(self, cluster: str, node: str) -> None:
         with self._cond:
             self._decoder.forget(cluster, node)
+            self._active.pop((cluster, node), None)
 
     def decode(self, payload: bytes) -> Batch:
         """The batch of a shared delivery (any format version); ``DecodeError("need_state")`` when
@@ -200,7 +220,7 @@ class StreamState:
         entry = self._cache.get(digest)
         if entry is None:
             try:
-                _, batch, _ = self._decoder.decode_with_header(payload)
+                header, batch, _ = self._decoder.decode_with_header(payload)
             except DecodeError as e:
                 if e.reason == "need_state":
                     raise  # not cached: the base may arrive
@@ -209,7 +229,7 @@ class StreamState:
                 self.decodes += 1
                 entry = _Entry(batch, None, batch.sample_count)
                 self._stuck.pop((batch.cluster, batch.node), None)
-                self._count_evictions()
+                self._admit((header.cluster, header.node))
                 self._cond.notify_all()
             self._remember(digest, entry)
         else:
@@ -239,11 +259,27 @@ class StreamState:
         while len(marks) > cap:
             marks.popitem(last=False)
 
-    def _count_evictions(self) -> None:
-        evicted = self._decoder.evicted
-        if evicted != self._evicted_seen and self.metrics is not None:
-            self.metrics.stream_evictions.inc(evicted - self._evicted_seen)
-        self._evicted_seen = evicted
+    def _admit(self, key: tuple[str, str]) -> None:
+        """The node ``key`` just decoded a frame (its state is held now): keep it, making room by
+        forgetting the least recently active node if that one is idle for ``protect_s``, or else
+        forget the newcomer's state again (it alone pays, with a ``need_state`` on its next delta)."""
+        now = self._clock()
+        if key in self._active:
+            self._active[key] = now
+            self._active.move_to_end(key)
+            return
+        if len(self._active) >= self.max_nodes:
+            oldest, active_at = next(iter(self._active.items()))
+            if now - active_at < self.protect_s:
+                self._decoder.forget(*key)
+                if self.metrics is not None:
+                    self.metrics.stream_newcomers_refused.inc()
+                return
+            del self._active[oldest]
+            self._decoder.forget(*oldest)
+            if self.metrics is not None:
+                self.metrics.stream_evictions.inc()
+        self._active[key] = now
 
 
 def _digest(payload: bytes) -> bytes:

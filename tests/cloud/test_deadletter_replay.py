@@ -62,8 +62,9 @@ def test_replay_writes_and_removes_dead_letters(tmp_path: Path, prometheus: Prom
     assert replay.returncode == 1, replay.stdout + replay.stderr  # the garbage one cannot be replayed
     assert f"{good}: replayed 1 samples of edge-1 seq 7" in replay.stdout
     assert f"{bad}: still invalid (bad_magic" in replay.stdout
-    # Replayed like a live batch: the series carry the topic's cluster and node (decode.pin_identity).
-    written = frozenset({*labels, ("cluster", "c1")})
+    # Replayed like a live batch (decode.pin_identity): its node label is the topic's, and a missing
+    # cluster label stays missing (add_node_labels: false).
+    written = frozenset(labels)
     assert prometheus.raw_samples('replayed_metric{job="kepler"}') == {written: [(now_ms, 42.5)]}
 
     after = cli(config, "list")

@@ -61,10 +61,8 @@ def test_valid_batch_decodes() -> None:
     assert (out.cluster, out.node) == (CLUSTER, NODE)
     assert out.batch.seq == 17
     assert out.batch.sample_count == 2
-    # The series carry the topic's cluster and node (the relay's add_node_labels would have added them).
-    assert out.batch.labelsets == [
-        tuple(sorted((*labels, ("cluster", CLUSTER), ("node", NODE)))) for labels in make_batch().labelsets
-    ]
+    # Series without cluster and node labels (add_node_labels: false) are written as sent.
+    assert out.batch.labelsets == make_batch().labelsets
     assert out.identity_overridden == 0
     values = out.batch.scrapes[0].values
     assert values[0] == 123.5
@@ -197,11 +195,11 @@ def test_future_sample_is_split_off_and_the_rest_kept() -> None:
     assert [b.sample_timestamp(0) for b in out.batch.scrapes] == [NOW_MS - 1000]
     assert out.refused is not None and out.refused.seq == 6
     assert out.refused_reason.startswith("future_timestamp: 1 sample(s)")
-    # The refused part is a batch of its own, with the topic's identity, that encodes and decodes again
-    # (the dead letter is replayable), the stale marker's bits intact.
+    # The refused part is a batch of its own, its labels as sent (no node label added), that encodes and
+    # decodes again (the dead letter is replayable), the stale marker's bits intact.
     again = codec.decode_batch(codec.encode_batch(out.refused))
     assert [dict(ls)["__name__"] for ls in again.labelsets] == ["up"]
-    assert dict(again.labelsets[0])["node"] == NODE
+    assert "node" not in dict(again.labelsets[0])
     assert [float_bits(v) for v in again.scrapes[0].values] == [float_bits(STALE_NAN)]
     assert again.last_timestamp_ms == NOW_MS + 10_000_000
 
@@ -235,7 +233,7 @@ def test_series_of_another_node_are_written_under_the_topic_node() -> None:
     labelsets = [
         L(__name__="a", cluster=CLUSTER, node=NODE),  # honest: unchanged
         L(__name__="b", cluster="other-cluster", node="other-node"),  # both overridden
-        L(__name__="c"),  # without them (add_node_labels: false): added
+        L(__name__="c"),  # without them (add_node_labels: false): left as sent
         L(__name__="d", cluster=CLUSTER, node="other-node", exported_node="x"),  # prefixed again
     ]
     block = ScrapeBlock(NOW_MS - 5000, array("I", [0, 1, 2, 3]), array("d", [1, 2, 3, 4]))
@@ -250,7 +248,7 @@ def test_series_of_another_node_are_written_under_the_topic_node() -> None:
             exported_cluster="other-cluster",
             exported_node="other-node",
         ),
-        L(__name__="c", cluster=CLUSTER, node=NODE),
+        L(__name__="c"),
         L(__name__="d", cluster=CLUSTER, node=NODE, exported_node="x", exported_exported_node="other-node"),
     ]
     assert out.identity_overridden == 2

@@ -220,7 +220,7 @@ def test_frame_ids_name_the_state_without_decoding() -> None:
 
 def test_lru_forgets_whole_nodes() -> None:
     metrics = IngestMetrics()
-    state = StreamState(max_nodes=2, wait_s=0, cache_samples=0, metrics=metrics)
+    state = StreamState(max_nodes=2, wait_s=0, cache_samples=0, protect_s=0, metrics=metrics)
     frames = {node: chain(node, 3)[1] for node in ("a", "b", "c")}
     state.decode(frames["a"][0])
     state.decode(frames["b"][0])

@@ -7,15 +7,15 @@ over ``REQUEST_EXPANSION`` x the decompression limit, before anything is built, 
 ``build_write_request`` references each encoded label pair instead of copying it into every series.
 
 Item 15: QoS 0 batches have no flow control at all, so a flood of them queued without bound; they are
-refused and counted now. QoS 1 batches held in memory are capped at the Receive Maximum the ingester
-announces, whatever the broker does (``cloud_ingest.intake.mqtt.admission.Admission``). Real mosquitto
-for both.
+refused and counted now. QoS 1 batches at work are capped at the Receive Maximum the ingester
+announces, whatever the broker does (``cloud_ingest.intake.mqtt.admission.Admission``), and what a
+broker sends beyond it waits in line without holding up paho's network thread, so batches slower than
+the keepalive do not drop the connection. Real mosquitto for all of them.
 """
 
 from __future__ import annotations
 
 import threading
-import time
 import tracemalloc
 from array import array
 from collections.abc import Callable
@@ -38,7 +38,7 @@ from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
 from testkit.batches import CLUSTER as INGEST_CLUSTER
 from testkit.batches import make_batch
-from testkit.services import now_ms, wait_until
+from testkit.services import Mosquitto, now_ms, wait_until
 
 MiB = 1 << 20
 CLUSTER, NODE = "c1", "n1"
@@ -170,22 +170,21 @@ def test_the_size_bound_is_an_upper_bound_and_a_close_one(batch: Batch) -> None:
 
 
 def test_admission_holds_at_most_its_limit_and_lets_go_on_stop() -> None:
+    """Never waits: a batch beyond the limit is queued and started when a place frees up."""
     stop = threading.Event()
     admission = Admission(2, stop)
-    assert admission.admit() and admission.admit()
-    admitted: list[bool] = []
-    waiter = threading.Thread(target=lambda: admitted.append(admission.admit()))
-    waiter.start()
-    time.sleep(0.3)
-    assert admitted == [] and admission.held == 2 and admission.waits == 1
+    admitted: list[int] = []
+    admission.offer(lambda: admitted.append(1))
+    admission.offer(lambda: admitted.append(2))
+    admission.offer(lambda: admitted.append(3))  # returns at once, queued
+    assert admitted == [1, 2] and admission.held == 2 and admission.waits == 1 and admission.queued == 1
     admission.done()
-    waiter.join(5)
-    assert admitted == [True] and admission.held == 2
-    late = threading.Thread(target=lambda: admitted.append(admission.admit()))
-    late.start()
+    assert admitted == [1, 2, 3] and admission.held == 2 and admission.queued == 0
+    admission.offer(lambda: admitted.append(4))
     stop.set()
-    late.join(5)
-    assert admitted == [True, False] and admission.held == 2
+    admission.done()  # stopping: the queued one is not started (the broker delivers it again)
+    admission.offer(lambda: admitted.append(5))
+    assert admitted == [1, 2, 3] and admission.held == 1
 
 
 class Depth:
@@ -239,14 +238,8 @@ def test_a_qos0_flood_is_refused_counted_and_never_queued(
     assert sample(ingester, "cloud_ingest_samples_written_total", node="flooder") == 0
 
 
-def test_qos1_batches_held_never_exceed_the_receive_maximum(
-    edge: Edge, ingesters: Ingesters, receivers: Receivers
-) -> None:
-    """Receive Maximum 4, a receiver taking 0.2 s a write, 40 batches published at once: never more than
-    4 held, whatever mosquitto releases per PUBACK; all of them written in the end."""
-    receiver = receivers(Reply(delay=0.2))
-    ingester = ingesters.start(receiver.url, "rm", mqtt__receive_maximum=4)
-    depth = Depth(ingester)
+def publish_40_at_once_all_written(edge: Edge) -> None:
+    """40 batches of 8 nodes published without waiting for one another; each is acked ok in the end."""
     base = now_ms() - 60_000
     batches = [make_batch(f"node-{seq % 8}", seq, base + 100 * seq) for seq in range(1, 41)]
     infos = [
@@ -257,5 +250,39 @@ def test_qos1_batches_held_never_exceed_the_receive_maximum(
         info.wait_for_publish(10)
     for b in batches:
         assert edge.wait_result(b.node, b.seq, timeout=60).result == "ok"
+
+
+def test_qos1_batches_held_never_exceed_the_receive_maximum(
+    edge: Edge, ingesters: Ingesters, receivers: Receivers
+) -> None:
+    """Receive Maximum 4, a receiver taking 0.2 s a write, 40 batches published at once: never more than
+    4 held, whatever mosquitto releases per PUBACK; all of them written in the end."""
+    receiver = receivers(Reply(delay=0.2))
+    ingester = ingesters.start(receiver.url, "rm", mqtt__receive_maximum=4)
+    depth = Depth(ingester)
+    publish_40_at_once_all_written(edge)
     assert depth.stop() <= 4
     assert ingester.admission.held == 0
+
+
+def test_batches_slower_than_the_keepalive_do_not_drop_the_connection(
+    mosquitto: Mosquitto, edge: Edge, ingesters: Ingesters, receivers: Receivers
+) -> None:
+    """Keepalive 2 s, Receive Maximum 4, 40 batches at once; once mosquitto has sent more than the
+    Receive Maximum (it does after the first PUBACKs), four writes take 6 s each. paho's network
+    thread keeps pinging meanwhile: before, it waited in the message callback for a place, and the
+    broker dropped the connection after 1.5 x the keepalive."""
+    fast, slow = Reply(delay=0.05), Reply(delay=6.0)
+    receiver = receivers(Reply(), script=(fast,) * 8 + (slow,) * 4)
+    ingester = ingesters.start(
+        receiver.url,
+        "slow",
+        mqtt__receive_maximum=4,
+        mqtt__keepalive_seconds=2,
+        remote_write__timeout_seconds=10,
+    )
+    publish_40_at_once_all_written(edge)
+    log = mosquitto.log_path.read_text(errors="replace")
+    assert "ingest-slow has exceeded timeout" not in log
+    assert log.count(" as ingest-slow ") == 1, "the ingester connected more than once"
+    assert sample(ingester, "cloud_ingest_mqtt_connected") == 1

@@ -48,8 +48,14 @@ PREFIX = "edgemetrics"
 NOT_AUTHORIZED = 135  # MQTT 5 reason code
 
 
-def topic(node: str, kind: str) -> str:
-    return f"{PREFIX}/v1/{CLUSTER}/{node}/{kind}"
+def topic(node: str, kind: str, cluster: str = CLUSTER) -> str:
+    return f"{PREFIX}/v1/{cluster}/{node}/{kind}"
+
+
+def identity(name: str) -> str:
+    """A client's identity at the broker (certificate CN, user name): ``<cluster>/<node>`` for a node
+    (deploy/mosquitto/cloud/acl), the name itself for anything else."""
+    return f"{CLUSTER}/{name}" if name in (NODE_A, NODE_B) else name
 
 
 # --- a test PKI --------------------------------------------------------------------------------
@@ -69,6 +75,8 @@ class Pki:
     def key(self, name: str) -> str:
         return str(self.dir / f"{name}.key")
 
+    # Files are named by the client's name, the certificate's CN is its ``identity``.
+
 
 def _write_pair(directory: Path, name: str, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> None:
     (directory / f"{name}.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
@@ -82,7 +90,8 @@ def _write_pair(directory: Path, name: str, cert: x509.Certificate, key: ec.Elli
 
 
 def make_pki(directory: Path, clients: list[str], *, ca_name: str = "edge-relay test CA") -> Pki:
-    """A CA, a broker certificate for 127.0.0.1/localhost and a client certificate per name (CN)."""
+    """A CA, a broker certificate for 127.0.0.1/localhost and a client certificate per name (CN: the
+    name's ``identity``)."""
     directory.mkdir(parents=True, exist_ok=True)
     now = datetime.datetime.now(datetime.UTC)
     validity = (now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1))
@@ -116,7 +125,8 @@ def make_pki(directory: Path, clients: list[str], *, ca_name: str = "edge-relay 
     )
     _write_pair(directory, "ca", ca, ca_key)
 
-    def leaf(common_name: str, server: bool) -> None:
+    def leaf(name: str, server: bool) -> None:
+        common_name = identity(name)
         key = ec.generate_private_key(ec.SECP256R1())
         builder = (
             x509.CertificateBuilder()
@@ -142,7 +152,7 @@ def make_pki(directory: Path, clients: list[str], *, ca_name: str = "edge-relay 
                 ),
                 critical=False,
             )
-        _write_pair(directory, common_name, builder.sign(ca_key, hashes.SHA256()), key)
+        _write_pair(directory, name, builder.sign(ca_key, hashes.SHA256()), key)
 
     leaf("broker", server=True)
     for name in clients:
@@ -303,7 +313,10 @@ class EdgeBridge(ManagedProcess):
 @pytest.fixture
 def cloud_broker(make_service: ServiceFactory, pki: Pki, ingest_pki: Pki) -> CloudBroker:
     return make_service(
-        CloudBroker, pki=pki, ingest_pki=ingest_pki, passwords={NODE_A: "secret-a", NODE_B: "secret-b"}
+        CloudBroker,
+        pki=pki,
+        ingest_pki=ingest_pki,
+        passwords={identity(NODE_A): "secret-a", identity(NODE_B): "secret-b"},
     )
 
 
@@ -438,6 +451,26 @@ def test_acl_pins_each_node_to_its_own_topics(
     assert {t for t, _ in a.messages} == {topic(NODE_A, "ack")}, a.messages
 
 
+def test_a_node_cannot_publish_under_another_cluster(
+    cloud_broker: CloudBroker, pki: Pki, probes: list[Probe]
+) -> None:
+    """The identity names the cluster too: node A's own node name under any other cluster is refused,
+    for every topic a node may write (a made-up cluster would otherwise give it fresh stream state
+    and series under a cluster label of its choosing)."""
+    ingest = cloud_broker.ingester("ingest-clusters")
+    a = connect(cloud_broker.port, "a", ca=pki.ca, cert=pki.cert(NODE_A), key=pki.key(NODE_A))
+    probes += [ingest, a]
+    assert ingest.connected.is_set() and a.connected.is_set()
+    ingest.subscribe(f"{PREFIX}/v1/+/+/+")
+    for kind in ("batch", "status", "cmd_result"):
+        for cluster in ("made-up", "other-cluster"):
+            assert a.publish(topic(NODE_A, kind, cluster=cluster), b"spoofed") == NOT_AUTHORIZED
+        assert a.publish(topic(NODE_A, kind), b"own") == 0
+    wait_until(lambda: ingest.received(topic(NODE_A, "cmd_result")), message="A's own topics at the ingester")
+    time.sleep(0.3)
+    assert {t for t, _ in ingest.messages} == {topic(NODE_A, k) for k in ("batch", "status", "cmd_result")}
+
+
 def test_only_the_ingester_identity_may_publish_commands(
     cloud_broker: CloudBroker, pki: Pki, probes: list[Probe]
 ) -> None:
@@ -481,7 +514,7 @@ def test_no_client_can_take_over_another_clients_session(
     b = connect(cloud_broker.port, "edge-relay-test-b", ca=pki.ca, cert=pki.cert(NODE_B), key=pki.key(NODE_B))
     probes += [ingest, b]
     assert ingest.connected.is_set() and b.connected.is_set()
-    for stolen in ("edge-relay-test-b", NODE_B, "cloud-ingest-0", "edge-bridge-" + NODE_B):
+    for stolen in ("edge-relay-test-b", NODE_B, identity(NODE_B), "cloud-ingest-0", "edge-bridge-" + NODE_B):
         thief = connect(cloud_broker.port, stolen, ca=pki.ca, cert=pki.cert(NODE_A), key=pki.key(NODE_A))
         probes.append(thief)
         assert thief.connected.is_set(), thief.connack  # let in, but under its own identity
@@ -489,7 +522,7 @@ def test_no_client_can_take_over_another_clients_session(
         assert b.client.is_connected(), f"{stolen!r}: node B was disconnected"
         assert ingest.client.is_connected(), f"{stolen!r}: the ingester was disconnected"
     log = cloud_broker.log_path.read_text()
-    assert f"as {NODE_A} (p5, c1" in log, log[-2000:]  # every thief connected as itself
+    assert f"as {identity(NODE_A)} (p5, c1" in log, log[-2000:]  # every thief connected as itself
     # A node certificate does not open the ingester listener, whatever client id it claims.
     sneak = connect(
         cloud_broker.ingest_port, "cloud-ingest-0", ca=pki.ca, cert=pki.cert(NODE_A), key=pki.key(NODE_A)
@@ -528,7 +561,9 @@ def test_clients_without_a_trusted_certificate_are_refused(
         cloud_broker.port, "rogue", ca=pki.ca, cert=rogue_pki.cert(NODE_A), key=rogue_pki.key(NODE_A)
     )
     # Even with the right password, the mTLS listener wants a certificate.
-    password_only = connect(cloud_broker.port, "pw-on-mtls", ca=pki.ca, username=NODE_A, password="secret-a")
+    password_only = connect(
+        cloud_broker.port, "pw-on-mtls", ca=pki.ca, username=identity(NODE_A), password="secret-a"
+    )
     probes += [no_cert, rogue, password_only]
     for p in (no_cert, rogue, password_only):
         assert not p.connected.is_set(), f"{p.client._client_id!r} was let in: {p.connack}"
@@ -545,8 +580,8 @@ def test_username_and_password_over_tls_is_the_alternative(
 ) -> None:
     port = cloud_broker.password_port
     ingest = cloud_broker.ingester("ingest-1")
-    a = connect(port, "edge-relay-test-a", ca=pki.ca, username=NODE_A, password="secret-a")
-    wrong = connect(port, "wrong", ca=pki.ca, username=NODE_A, password="secret-b")
+    a = connect(port, "edge-relay-test-a", ca=pki.ca, username=identity(NODE_A), password="secret-a")
+    wrong = connect(port, "wrong", ca=pki.ca, username=identity(NODE_A), password="secret-b")
     anonymous = connect(port, "anonymous", ca=pki.ca)
     probes += [ingest, a, wrong, anonymous]
     assert a.connected.is_set(), a.connack
@@ -558,6 +593,7 @@ def test_username_and_password_over_tls_is_the_alternative(
     ingest.subscribe(f"$share/ingest/{PREFIX}/v1/+/+/batch")
     assert a.publish(topic(NODE_A, "batch"), b"a-batch") == 0
     assert a.publish(topic(NODE_B, "batch"), b"spoofed") == NOT_AUTHORIZED
+    assert a.publish(topic(NODE_A, "batch", cluster="made-up"), b"spoofed") == NOT_AUTHORIZED
     wait_until(lambda: ingest.received(topic(NODE_A, "batch")), message="A's batch via the password listener")
     time.sleep(0.3)
     assert ingest.received(topic(NODE_B, "batch")) == []
@@ -697,7 +733,7 @@ def test_relay_over_the_edge_bridge(
     # The bridge connected as the node (certificate CN), which is also its client id on the edge
     # listener, with a persistent session (c0: clean session off).
     cloud_log = cloud_broker.log_path.read_text()
-    assert f"as {NODE_A} (p2, c0, k30, u'{NODE_A}')" in cloud_log, cloud_log[-3000:]
+    assert f"as {identity(NODE_A)} (p2, c0, k30, u'{identity(NODE_A)}')" in cloud_log, cloud_log[-3000:]
 
 
 # --- docker-compose.yml's two brokers ---------------------------------------------------------------

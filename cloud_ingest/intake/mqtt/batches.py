@@ -1,7 +1,8 @@
 """Batch messages of the shared subscription, from paho's network thread to their settlement.
 
-``offer`` (paho's network thread) refuses a QoS 0 batch, takes a place in ``Admission`` (waiting for one
-while the Receive Maximum is held) and queues the message on its node's worker. ``handle`` (a worker)
+``offer`` (paho's network thread) refuses a QoS 0 batch and hands the message to ``Admission``, which
+queues it on its node's worker at once or, while the Receive Maximum is at work, once a place frees up
+(never making the network thread wait). ``handle`` (a worker)
 hands the pipeline a ``Delivery`` and settles the message by the ``Outcome`` it returns: the answer to
 the edge and the PUBACK (``Acker``), a PUBACK alone, or nothing (held: the broker delivers it again).
 """
@@ -39,12 +40,15 @@ class BatchIntake:
         if message.qos == 0:
             self._refuse_qos0(message)
             return
-        if not self.admission.admit():
-            return  # stopping: not PUBACKed, so the broker delivers it again
         levels = message.topic.split("/")
         node_key = "/".join(levels[-3:-1]).encode()
-        self.workers.submit(node_key, lambda: self._work(message))
-        self.metrics.queue_depth.inc()
+
+        def start() -> None:
+            self.metrics.queue_depth.inc()
+            self.workers.submit(node_key, lambda: self._work(message))
+
+        # Never waits: paho's network thread must go on reading, writing and pinging.
+        self.admission.offer(start)
 
     def handle(self, message: mqtt.MQTTMessage) -> str:
         """Process one admitted batch message to its final outcome and settle it; the outcome's name."""

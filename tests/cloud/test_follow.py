@@ -22,16 +22,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_ingest import (
-    PREFIX,
-    Edge,
-    MockReceiver,
-    Reply,
-    as_expected,
-    expected_samples,
-    sample,
-    write_config,
-)
 
 from cloud_ingest import settings as settings_mod
 from cloud_ingest.app import Ingester
@@ -46,6 +36,16 @@ from schemas.codec import AckResult, DecodeError, StreamEncoder
 from schemas.codec.stream import frame_ids
 from schemas.model import Batch
 from testkit import batches
+from testkit.ingest_harness import (
+    PREFIX,
+    Edge,
+    MockReceiver,
+    Reply,
+    as_expected,
+    expected_samples,
+    sample,
+    write_config,
+)
 from testkit.services import Mosquitto, Prometheus, ServiceFactory, now_ms, wait_until
 
 CLUSTER = "test"

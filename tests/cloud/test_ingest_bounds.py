@@ -24,10 +24,6 @@ from pathlib import Path
 import paho.mqtt.client as mqtt
 import pytest
 import yaml
-from test_ingest import PREFIX, Edge, Ingesters, Receivers, Reply, sample
-from test_ingest import edge as edge
-from test_ingest import ingesters as ingesters
-from test_ingest import receivers as receivers
 
 from cloud_ingest import settings as settings_mod
 from cloud_ingest.app import Ingester
@@ -38,6 +34,7 @@ from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
 from testkit.batches import CLUSTER as INGEST_CLUSTER
 from testkit.batches import make_batch
+from testkit.ingest_harness import PREFIX, Edge, Ingesters, Receivers, Reply, sample
 from testkit.services import Mosquitto, now_ms, wait_until
 
 MiB = 1 << 20

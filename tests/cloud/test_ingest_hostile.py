@@ -48,10 +48,6 @@ import yaml
 import zstandard
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
-from test_ingest import Edge, Ingesters, as_expected, expected_samples, sample
-from test_ingest import edge as edge
-from test_ingest import ingesters as ingesters
-from test_ingest import receivers as receivers
 
 from cloud_ingest import settings as settings_mod
 from cloud_ingest.app import Ingester
@@ -61,6 +57,7 @@ from schemas import codec, topics
 from schemas.model import Batch, Labels, ScrapeBlock
 from testkit.batches import CLUSTER as INGEST_CLUSTER
 from testkit.batches import METRIC, make_batch
+from testkit.ingest_harness import Edge, Ingesters, as_expected, expected_samples, sample
 from testkit.services import Prometheus, now_ms, wait_until
 
 PREFIX = "edgemetrics"

@@ -12,14 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_ingest import PREFIX, Edge, Ingesters, Receivers, sample
-from test_ingest import edge as edge
-from test_ingest import ingesters as ingesters
-from test_ingest import receivers as receivers
 
 from schemas import topics
 from schemas.codec import StreamEncoder
 from testkit.batches import CLUSTER, make_batch
+from testkit.ingest_harness import PREFIX, Edge, Ingesters, Receivers, sample
 from testkit.services import Mosquitto, Prometheus, ServiceFactory, now_ms, wait_until
 from testkit.stack import SimulatorProcess, ingest_config, metrics_url, program, relay_config, wait_connected
 

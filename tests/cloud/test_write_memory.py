@@ -17,11 +17,11 @@ from array import array
 from pathlib import Path
 
 import pytest
-from test_ingest import MockReceiver, decode_write_body
 
 from cloud_ingest.sinks.remote_write.sink import requests_of
 from schemas.codec import DEFAULT_LIMITS
 from schemas.model import Batch, ScrapeBlock
+from testkit.ingest_harness import MockReceiver, decode_write_body
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -14,9 +14,7 @@ import ssl
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from threading import Thread
 from typing import Any
 
 import pytest
@@ -32,6 +30,7 @@ from edge_relay.commands import status as status_cmd
 from edge_relay.commands import statusview
 from edge_relay.selfmetrics import MQTT_ERROR_REASONS, RelayMetrics
 from edge_relay.uplink.mqtt import connect_error_reason, refusal_reason
+from testkit.exporters import ScriptedExporter
 from testkit.services import Mosquitto, ServiceFactory, free_port, wait_until
 from testkit.stack import Program, program, relay_config
 
@@ -196,26 +195,10 @@ def test_html_escapes_every_value_and_has_no_script(tmp_path: Path) -> None:
 # --- real relays, real brokers --------------------------------------------------------------------------
 
 
-class _Exporter(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        body = b"# TYPE demo_gauge gauge\ndemo_gauge 1\ndemo_other 2\n"
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def exporter() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Exporter)
-    Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
-    server.server_close()
+    with ScriptedExporter(lambda n: "# TYPE demo_gauge gauge\ndemo_gauge 1\ndemo_other 2\n") as e:
+        yield e.url
 
 
 @pytest.fixture

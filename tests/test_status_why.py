@@ -8,11 +8,14 @@ did not sign (``tls``). The stalled cloud is a relay and a mosquitto without an 
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import socket
 import ssl
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -322,6 +325,88 @@ def test_no_ingester_the_cloud_has_acked_nothing(
     text = _status_text(cfg)
     assert "link     connected to" in text
     assert "cloud has acked nothing since" in text and "(no ack since the relay connected)" in text
+
+
+class Peer:
+    """A TCP listener on loopback that plays a broken broker: it answers every connection with
+    ``reply`` (bytes after reading the CONNECT; b"" closes at once, None says nothing, ever)."""
+
+    def __init__(self, reply: bytes | None) -> None:
+        self.reply = reply
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            if self.reply is None:
+                self.held.append(conn)
+                continue
+            with contextlib.suppress(OSError):
+                if self.reply:
+                    conn.recv(4096)
+                    conn.sendall(self.reply)
+                    time.sleep(0.2)
+            conn.close()
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.mark.parametrize(
+    ("reply", "mqtt", "reason", "message"),
+    [
+        (b"", {}, "closed", "the broker closed the connection before its CONNACK"),
+        (None, {"keepalive_seconds": 2}, "timeout", "no CONNACK within 2s"),
+        # MQTT 3.1.1 CONNACK, return code 1: unacceptable protocol version.
+        (b"\x20\x02\x00\x01", {"protocol": "v311"}, "protocol", "refused: Unsupported protocol version"),
+    ],
+)
+def test_a_broken_peer(
+    tmp_path: Path,
+    exporter: str,
+    relays: list[Program],
+    reply: bytes | None,
+    mqtt: dict[str, Any],
+    reason: str,
+    message: str,
+) -> None:
+    peer = Peer(reply)
+    try:
+        relay, cfg = _start_relay(tmp_path, exporter, peer.port, relays, **mqtt)
+        snap = _wait_for(relay, cfg, f"a failure for {reason}", _disconnected_because(reason))
+    finally:
+        peer.close()
+    assert snap["relay"]["last_error"]["message"] == message
+
+
+def test_unknown_host(tmp_path: Path, exporter: str, relays: list[Program]) -> None:
+    relay, cfg = _start_relay(tmp_path, exporter, 1883, relays, host="broker.invalid")
+    snap = _wait_for(relay, cfg, "a name that does not resolve", _disconnected_because("dns"))
+    assert snap["relay"]["last_error"]["message"].startswith("gaierror: ")
+
+
+def test_a_lost_connection_is_closed(
+    tmp_path: Path, make_service: ServiceFactory, exporter: str, relays: list[Program]
+) -> None:
+    broker = make_service(Mosquitto)
+    relay, cfg = _start_relay(tmp_path, exporter, broker.port, relays)
+    _wait_for(relay, cfg, "connected", lambda snap: snap["relay"]["connected"] is True)
+    broker.stop()
+    # The loss comes first (closed), then the attempts to come back (refused).
+    snap = _wait_for(relay, cfg, "the loss, then refusals", _disconnected_because("connection_refused"))
+    s = settings.load(str(cfg))
+    m = status_cmd.read(s).metrics
+    assert m is not None
+    closed = [v for lab, v in m["edge_relay_mqtt_connection_errors_total"] if lab["reason"] == "closed"]
+    assert closed == [1.0], snap
 
 
 # --- the page in a real browser ---------------------------------------------------------------------------

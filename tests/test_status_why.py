@@ -34,6 +34,7 @@ from edge_relay.commands import statusview
 from edge_relay.selfmetrics import MQTT_ERROR_REASONS, RelayMetrics
 from edge_relay.uplink.mqtt import connect_error_reason, refusal_reason
 from testkit.exporters import ScriptedExporter
+from testkit.netfaults import LinkProxy
 from testkit.services import Mosquitto, ServiceFactory, free_port, wait_until
 from testkit.stack import Program, program, relay_config
 
@@ -407,6 +408,29 @@ def test_a_lost_connection_is_closed(
     assert m is not None
     closed = [v for lab, v in m["edge_relay_mqtt_connection_errors_total"] if lab["reason"] == "closed"]
     assert closed == [1.0], snap
+
+
+def test_a_silent_link_is_a_timeout(
+    tmp_path: Path, make_service: ServiceFactory, exporter: str, relays: list[Program]
+) -> None:
+    broker = make_service(Mosquitto)
+    link = LinkProxy(broker.port)
+    try:
+        relay, cfg = _start_relay(tmp_path, exporter, link.port, relays, keepalive_seconds=2)
+        _wait_for(relay, cfg, "connected", lambda snap: snap["relay"]["connected"] is True)
+        link.blackhole()  # nothing answers, nothing is closed: only the keepalive can tell
+        snap = _wait_for(relay, cfg, "the keepalive's verdict", _disconnected_because("timeout"))
+        m = status_cmd.read(settings.load(str(cfg))).metrics  # before closing the proxy closes the link
+    finally:
+        link.close()
+    assert snap["relay"]["last_error"]["message"] in (
+        "connection lost: no answer within the keepalive",
+        "no CONNACK within 2s",  # the reconnection attempts after it, into the same silence
+    )
+    assert m is not None
+    timeouts = [v for lab, v in m["edge_relay_mqtt_connection_errors_total"] if lab["reason"] == "timeout"]
+    closed = [v for lab, v in m["edge_relay_mqtt_connection_errors_total"] if lab["reason"] == "closed"]
+    assert timeouts[0] >= 1 and closed == [0.0]
 
 
 # --- the page in a real browser ---------------------------------------------------------------------------

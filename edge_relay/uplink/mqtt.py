@@ -66,6 +66,8 @@ _UNSUPPORTED_VERSION = {1, 132}
 # CONNACK codes that refuse who we are: MQTT 3.1.1's 4 (bad user name or password) and 5 (not
 # authorised), MQTT 5's 0x86, 0x87, 0x8A (banned) and 0x8C (bad authentication method).
 _NOT_AUTHORIZED = {4, 5, 0x86, 0x87, 0x8A, 0x8C}
+# The reason paho gives a connection it closed because the broker did not answer within the keepalive.
+_KEEPALIVE_TIMEOUT = "Keep alive timeout"
 # New rows, acks and commands wake the loop at once (``WakeableLoop``); the pump also runs on its
 # own, every second while batches are in flight or the pacer holds one back (ack timeouts, tokens),
 # and every 5 s otherwise, in case a row came without a kick.
@@ -147,7 +149,8 @@ class Uplink:
         self._connected = False
         self._connack_pending = False
         self._refusal: tuple[int, str] | None = None
-        self._disconnect_why = ""  # the reason paho or the broker's DISCONNECT gave for the last loss
+        # The last loss as paho or the broker's DISCONNECT explained it: (reason, message).
+        self._disconnect_why: tuple[str, str] | None = None
         self._connected_since = 0.0
         self._max_packet: int | None = None  # the broker's MaximumPacketSize (MQTT 5 CONNACK)
         # Publications the broker has not PUBACKed yet: lost with the connection, so sent again at once.
@@ -373,8 +376,12 @@ class Uplink:
     ) -> None:
         if self._connected:
             log.warning("disconnected from MQTT broker: %s", reason_code)
-            by = "the broker" if getattr(flags, "is_disconnect_packet_from_server", False) else "lost"
-            self._disconnect_why = f"{by}: {reason_code}"
+            if getattr(flags, "is_disconnect_packet_from_server", False):
+                self._disconnect_why = ("closed", f"the broker disconnected us: {reason_code}")
+            elif str(reason_code) == _KEEPALIVE_TIMEOUT:
+                self._disconnect_why = ("timeout", "connection lost: no answer within the keepalive")
+            else:
+                self._disconnect_why = ("closed", f"connection lost: {reason_code}")
         self._connected = False
         self.connected_event.clear()
         self.metrics.observe_mqtt(False, time.time())
@@ -580,13 +587,9 @@ class Uplink:
         self._leave()
 
     def _connection_lost(self, rc: mqtt.MQTTErrorCode) -> None:
-        why, self._disconnect_why = self._disconnect_why, ""
-        if rc == mqtt.MQTT_ERR_KEEPALIVE:
-            why = "connection lost: no answer within the keepalive"
-            self.metrics.mqtt_failed("timeout", why, time.time())
-        else:
-            name = getattr(rc, "name", str(rc))
-            self.metrics.mqtt_failed("closed", f"connection lost ({why or name})", time.time())
+        why, self._disconnect_why = self._disconnect_why, None
+        reason, message = why or ("closed", f"connection lost: {getattr(rc, 'name', rc)}")
+        self.metrics.mqtt_failed(reason, message, time.time())
 
     def _pump_every(self) -> float:
         return _PUMP_EVERY_S if self.inflight or self.pacer.waiting else _IDLE_PUMP_EVERY_S

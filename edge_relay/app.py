@@ -40,6 +40,7 @@ from edge_relay.budget.runtime import BudgetRuntime
 from edge_relay.collect.shape import ShapedScrape
 from edge_relay.collect.targets import Collector
 from edge_relay.commands import checkconfig
+from edge_relay.commands.status import StatusPage
 from edge_relay.encode.batches import BatchEncoder
 from edge_relay.encode.lanes import Lanes
 from edge_relay.encode.window import BatchWindow
@@ -57,7 +58,7 @@ from edge_relay.uplink.mqtt import Uplink
 from edge_relay.uplink.pacer import Pacer
 from edge_relay.uplink.status import StatusReport
 from edge_relay.uplink.stream import StreamCoder
-from relay_common.httpserver import MetricsServer
+from relay_common.httpserver import MetricsServer, Page
 
 log = logging.getLogger("edge_relay")
 # At most this long a cycle's housekeeping waits for its row to be published: the pass publishes the
@@ -328,7 +329,12 @@ def run(args: argparse.Namespace) -> int:
     # (bench/live_cpu_bench.py at 2,000 series: 6.2-6.5 -> 5.7 us/sample); the relay makes few cycles.
     gc.freeze()
     gc.set_threshold(*_GC_THRESHOLDS)
-    server = MetricsServer.start(s.metrics_listen, relay.metrics.registry, ready=lambda: relay.cycles > 0)
+    server = MetricsServer.start(
+        s.metrics_listen,
+        relay.metrics.registry,
+        ready=lambda: relay.cycles > 0,
+        pages={"/status": Page(StatusPage(s, relay.metrics.registry))},
+    )
     log.info(
         "edge relay %s/%s: %d target(s) every %gs, spool %s, broker %s:%d",
         s.cluster,

@@ -27,6 +27,18 @@ class SpoolReading(Protocol):
 BUDGET_STATES = ("ok", "degraded", "backlogged", "quota_exhausted")
 # A scrape error as a label value: long enough to tell errors apart, short enough for a label.
 ERROR_LABEL_CHARS = 120
+# Why the broker connection failed, as a label value (``edge_relay.uplink.mqtt`` classifies): a fixed
+# set, so every reason's series exists from the start and a dashboard can rely on it.
+MQTT_ERROR_REASONS = (
+    "connection_refused",  # nothing listens on the broker's port
+    "dns",  # the broker's host name does not resolve
+    "timeout",  # no TCP connection, no CONNACK, or no keepalive answer in time
+    "tls",  # the TLS handshake failed (an untrusted or expired certificate, a wrong host name)
+    "not_authorized",  # CONNACK: bad user name or password, not authorised
+    "protocol",  # CONNACK: the broker does not speak the MQTT version asked for
+    "closed",  # the broker closed the connection (before its CONNACK, or while connected)
+    "other",
+)
 
 
 class RelayMetrics:
@@ -156,6 +168,38 @@ class RelayMetrics:
         )
         self.mqtt_disconnected_since.set(time.time())
         self._mqtt_up = False
+        self.mqtt_errors = Counter(
+            "edge_relay_mqtt_connection_errors_total",
+            "Failed connection attempts and lost connections to the broker, by reason ("
+            + ", ".join(MQTT_ERROR_REASONS)
+            + ").",
+            ["reason"],
+            registry=r,
+        )
+        self.mqtt_last_error_time = Gauge(
+            "edge_relay_mqtt_last_error_timestamp_seconds",
+            "Unix time of the last broker connection error of each reason; 0 if none since the relay "
+            "started.",
+            ["reason"],
+            registry=r,
+        )
+        self.mqtt_last_error = Gauge(
+            "edge_relay_mqtt_last_error_info",
+            "1, labelled with the reason of the last broker connection error and its message (the first "
+            f"{ERROR_LABEL_CHARS} characters); one series, replaced by the next error, kept after the "
+            "link is back; absent before the first error.",
+            ["reason", "message"],
+            registry=r,
+        )
+        for reason in MQTT_ERROR_REASONS:
+            self.mqtt_errors.labels(reason)
+            self.mqtt_last_error_time.labels(reason).set(0)
+        self._mqtt_error_labels: tuple[str, str] | None = None
+        self.last_ack = Gauge(
+            "edge_relay_last_ack_timestamp_seconds",
+            "Unix time the last application ack from the cloud arrived; 0 if none since the relay started.",
+            registry=r,
+        )
         self.scrape_last_error = Gauge(
             "edge_relay_scrape_last_error_timestamp_seconds",
             "Unix time of a target's last failed scrape, labelled with that error (its first "
@@ -325,6 +369,18 @@ class RelayMetrics:
         self._mqtt_up = connected
         self.mqtt_connected_since.set(now_s if connected else 0)
         self.mqtt_disconnected_since.set(0 if connected else now_s)
+
+    def mqtt_failed(self, reason: str, message: str, now_s: float) -> None:
+        """A connection attempt failed or the connection was lost, for ``reason`` (MQTT_ERROR_REASONS)."""
+        if reason not in MQTT_ERROR_REASONS:
+            reason = "other"
+        labels = (reason, " ".join(message.split())[:ERROR_LABEL_CHARS])
+        if self._mqtt_error_labels is not None and self._mqtt_error_labels != labels:
+            self.mqtt_last_error.remove(*self._mqtt_error_labels)
+        self._mqtt_error_labels = labels
+        self.mqtt_last_error.labels(*labels).set(1)
+        self.mqtt_last_error_time.labels(reason).set(now_s)
+        self.mqtt_errors.labels(reason).inc()
 
     def scrape_failed(self, target: str, error: str, now_s: float) -> None:
         """A failed scrape of ``target``: its one last-error series now carries ``error``."""

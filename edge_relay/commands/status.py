@@ -5,14 +5,19 @@ Two sources, each optional:
 - **the spool file** (``spool.path``), opened read-only: backlog, oldest unsent sample, the loss
   ledger, today's quota use. Safe while the relay runs (SQLite WAL: a reader never blocks the writer).
   A missing spool is reported, never created; an old schema is read as far as it goes, never migrated.
-- **the relay's /metrics** (``metrics.listen``): connected or not and since when, acks and bytes sent,
-  the budget's state and degrade levels, each target's scrape results and last error. A relay that does
-  not answer is reported as "relay not running / metrics unreachable"; the spool part still shows.
+- **the relay's /metrics** (``metrics.listen``): connected or not and since when, why the last connection
+  failed, acks and bytes sent and when the cloud last acked, the budget's state and degrade levels, each
+  target's scrape results and last error. A relay that does not answer is reported as "relay not running
+  / metrics unreachable"; the spool part still shows.
 
 Rates (drain, ETA) need two readings: a single ``status`` reads twice, ``--rate-seconds`` apart; ``--watch``
-uses the readings of the last ``RATE_WINDOW_S`` seconds since the link last went up or down. The
-rendering is ``edge_relay.commands.statusview``; ``--json`` prints ``snapshot`` (keys documented in
-``docs/operations.md``, "edge-relay status").
+keeps a ``History`` of the readings of the last ``RATE_WINDOW_S`` seconds since the link last went up or
+down. The rendering is ``edge_relay.commands.statusview`` (text, and HTML); ``--json`` prints
+``snapshot`` (keys documented in ``docs/operations.md``, "edge-relay status").
+
+The relay serves the same snapshot of itself as a web page (``StatusPage``, ``/status`` on the metrics
+port): read in the relay's process, its /metrics from its own registry instead of over HTTP, with a
+``History`` across page loads for the rates.
 """
 
 from __future__ import annotations
@@ -22,17 +27,21 @@ import json
 import math
 import sqlite3
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge_relay import settings as settings_mod
+from edge_relay.commands import statusview
 from edge_relay.settings import Settings
 from relay_common.httpserver import split_host_port
 
@@ -174,7 +183,11 @@ def metrics_url(listen: str) -> str | None:
 
 def fetch_metrics(url: str, timeout_s: float = _FETCH_TIMEOUT_S) -> Samples:
     with urllib.request.urlopen(url, timeout=timeout_s) as response:
-        text = response.read().decode("utf-8", "replace")
+        return parse_metrics(response.read().decode("utf-8", "replace"))
+
+
+def parse_metrics(text: str) -> Samples:
+    """A Prometheus text exposition as ``Samples``."""
     out: Samples = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -182,7 +195,8 @@ def fetch_metrics(url: str, timeout_s: float = _FETCH_TIMEOUT_S) -> Samples:
     return out
 
 
-def read(s: Settings, now: float | None = None) -> Reading:
+def read(s: Settings, now: float | None = None, metrics: Callable[[], Samples] | None = None) -> Reading:
+    """Both sources now; ``metrics`` reads the relay's metrics in place of fetching ``metrics.listen``."""
     spool: SpoolView | None = None
     spool_error: str | None = None
     exists = True
@@ -195,7 +209,9 @@ def read(s: Settings, now: float | None = None) -> Reading:
     samples: Samples | None = None
     metrics_error: str | None = None
     url = metrics_url(s.metrics_listen)
-    if url is None:
+    if metrics is not None:
+        samples = metrics()
+    elif url is None:
         metrics_error = "metrics disabled (metrics.listen is empty)"
     else:
         try:
@@ -289,6 +305,15 @@ def _link_up(r: Reading) -> bool | None:
     return None if connected is None else connected >= 1
 
 
+def _last_mqtt_error(m: Samples | None) -> dict[str, Any] | None:
+    info = [lab for lab, v in (m or {}).get("edge_relay_mqtt_last_error_info", []) if v >= 1]
+    if not info:
+        return None
+    reason = info[-1].get("reason", "other")
+    when = _value(m, "edge_relay_mqtt_last_error_timestamp_seconds", reason=reason)
+    return {"reason": reason, "message": info[-1].get("message", ""), "timestamp_seconds": when or None}
+
+
 def _connection(s: Settings, r: Reading) -> dict[str, Any]:
     m = r.metrics
     up = _link_up(r)
@@ -300,14 +325,27 @@ def _connection(s: Settings, r: Reading) -> dict[str, Any]:
             if up
             else "edge_relay_mqtt_disconnected_since_timestamp_seconds",
         )
+    since = since or None  # 0 = not known (a relay older than these gauges)
+    inflight = _value(m, "edge_relay_inflight_batches")
+    last_ack = _value(m, "edge_relay_last_ack_timestamp_seconds") or None
+    # Acks can only come while connected: the cloud is late once the ack timeout has passed both
+    # since the last ack and since the connection came up, with batches waiting for theirs.
+    stalled_since = None
+    quiet_since = None if since is None else max(last_ack or 0.0, since)
+    if up and inflight and quiet_since is not None and r.at - quiet_since > s.mqtt.ack_timeout_seconds:
+        stalled_since = last_ack or since
     return {
         "relay_reachable": m is not None,
         "metrics_url": metrics_url(s.metrics_listen),
         "error": r.metrics_error,
         "broker": f"{s.mqtt.host}:{s.mqtt.port}",
         "connected": up,
-        "since": since or None,  # 0 = not known (a relay older than these gauges)
-        "inflight_batches": _value(m, "edge_relay_inflight_batches"),
+        "since": since,
+        "inflight_batches": inflight,
+        "last_error": _last_mqtt_error(m),
+        "last_ack_timestamp_seconds": last_ack,
+        "ack_timeout_seconds": s.mqtt.ack_timeout_seconds,
+        "acked_nothing_since": stalled_since,
     }
 
 
@@ -385,6 +423,9 @@ def _targets(s: Settings, r: Reading) -> dict[str, Any]:
     for t in s.targets:
         ok = _value(m, "edge_relay_scrapes_total", target=t.name, result="ok")
         total = _value(m, "edge_relay_scrapes_total", target=t.name)
+        scraped = _value(m, "edge_relay_samples_scraped_total", target=t.name)
+        took = _value(m, "edge_relay_scrape_duration_seconds_sum", target=t.name)
+        timed = _value(m, "edge_relay_scrape_duration_seconds_count", target=t.name)
         error, when = errors.get(t.name, (None, None))
         if m is None:
             health = "unknown"
@@ -398,6 +439,9 @@ def _targets(s: Settings, r: Reading) -> dict[str, Any]:
             "scrapes_failed": None if m is None else int((total or 0) - (ok or 0)),
             "last_error": error,
             "last_error_timestamp_seconds": when,
+            "samples_scraped": None if m is None else int(scraped or 0),
+            "samples_per_scrape": _round(scraped / ok, 1) if scraped is not None and ok else None,
+            "mean_scrape_seconds": _round(took / timed, 4) if took is not None and timed else None,
         }
     return out
 
@@ -418,6 +462,44 @@ def snapshot(s: Settings, readings: list[Reading]) -> dict[str, Any]:
         "losses": _losses(last),
         "targets": _targets(s, last),
     }
+
+
+class History:
+    """The readings rates are taken over: the last ``RATE_WINDOW_S`` seconds, since the link last went up
+    or down (a rate across an outage's edge says nothing: the drain starts at the reconnection)."""
+
+    def __init__(self) -> None:
+        self._readings: deque[Reading] = deque()
+        self._lock = threading.Lock()  # the page's requests come on several threads
+
+    def snapshot(self, s: Settings, r: Reading) -> dict[str, Any]:
+        """Add ``r`` and return the snapshot of the readings kept."""
+        with self._lock:
+            history = self._readings
+            if history and _link_up(history[-1]) != _link_up(r):
+                history.clear()
+            history.append(r)
+            while len(history) > 2 and r.at - history[1].at >= RATE_WINDOW_S:
+                history.popleft()
+            return snapshot(s, list(history))
+
+
+class StatusPage:
+    """The ``/status`` page of a running relay: its snapshot as HTML, read in its own process."""
+
+    def __init__(self, s: Settings, registry: CollectorRegistry) -> None:
+        self.settings = s
+        self.registry = registry
+        self.history = History()
+
+    def __call__(self) -> bytes:
+        own = self.registry
+
+        def metrics() -> Samples:
+            return parse_metrics(generate_latest(own).decode("utf-8", "replace"))
+
+        snap = self.history.snapshot(self.settings, read(self.settings, metrics=metrics))
+        return statusview.render_html(snap).encode("utf-8")
 
 
 # --- the command ------------------------------------------------------------------------------------------
@@ -447,8 +529,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from edge_relay.commands import statusview
-
     s = settings_mod.load(args.config)
     if args.watch is None:
         readings = [read(s)]
@@ -462,18 +542,11 @@ def run(args: argparse.Namespace) -> int:
             print(statusview.render_plain(snap))
         return 0
     interval = max(0.2, args.watch)
-    history: deque[Reading] = deque()
+    history = History()
     peak = statusview.Peak()
 
     def next_snapshot() -> dict[str, Any]:
-        r = read(s)
-        if history and _link_up(history[-1]) != _link_up(r):
-            # A rate across an outage's edge says nothing: the drain starts at the reconnection.
-            history.clear()
-        history.append(r)
-        while len(history) > 2 and r.at - history[1].at >= RATE_WINDOW_S:
-            history.popleft()
-        return snapshot(s, list(history))
+        return history.snapshot(s, read(s))
 
     try:
         if args.json:

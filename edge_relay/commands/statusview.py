@@ -1,13 +1,18 @@
-"""How ``edge-relay status`` shows a snapshot (``edge_relay.commands.status.snapshot``): lines of text.
+"""How ``edge-relay status`` shows a snapshot (``edge_relay.commands.status.snapshot``): text and HTML.
 
 One function, ``rows``, turns a snapshot into labelled lines with a severity; plain text joins them, and
 with ``rich`` installed (the ``status`` extra: ``pip install kepler-edge-relay[status]``) ``--watch``
 draws the same lines in colour with a progress bar of the backlog draining, redrawn in place. Without
 rich (the sidecar image leaves it out: it and pygments are about 13 MB) ``--watch`` redraws plain text.
+
+``render_html`` is the relay's ``/status`` page: the same lines (the targets as a table, one column per
+field, as Prometheus' and vmagent's target pages show them), one self-contained document without
+scripts or external assets, every value escaped (target errors come from exporters, hostile by rule).
 """
 
 from __future__ import annotations
 
+import html
 import sys
 import time
 from collections.abc import Callable
@@ -102,6 +107,28 @@ def _link(snap: Snapshot) -> Row:
         extra = "" if inflight is None else f", {_n(inflight)} batch(es) in flight"
         return Row("link", f"connected to {relay['broker']}{when}{extra}", "good")
     return Row("link", f"disconnected from {relay['broker']}{when}", "bad")
+
+
+def _link_why(snap: Snapshot) -> list[Row]:
+    """Below the link: why it is down (the last connection error), or that the cloud stopped acking."""
+    relay, now = snap["relay"], snap["timestamp_seconds"]
+    err = relay.get("last_error")
+    if relay["connected"] is False and err is not None:
+        ts = err["timestamp_seconds"]
+        when = "" if ts is None else f" {fmt_time(ts)} ({fmt_duration(now - ts)} ago)"
+        return [Row("", f"last error{when}: {err['reason']}: {err['message']}", "bad")]
+    stalled = relay.get("acked_nothing_since")
+    if relay["connected"] and stalled is not None:
+        never = "" if relay.get("last_ack_timestamp_seconds") else " (no ack since the relay connected)"
+        return [
+            Row(
+                "",
+                f"cloud has acked nothing since {fmt_time(stalled)} ({fmt_duration(now - stalled)})"
+                f"{never}; ack timeout {relay['ack_timeout_seconds']:g}s",
+                "bad",
+            )
+        ]
+    return []
 
 
 def _backlog(snap: Snapshot) -> list[Row]:
@@ -206,8 +233,9 @@ def _targets(snap: Snapshot) -> list[Row]:
     return rows
 
 
-def rows(snap: Snapshot, progress: float | None = None) -> list[Row]:
-    """The status as labelled lines; ``progress`` (watch only): the share of the backlog drained."""
+def rows(snap: Snapshot, progress: float | None = None, *, targets: bool = True) -> list[Row]:
+    """The status as labelled lines; ``progress`` (watch only): the share of the backlog drained;
+    without ``targets`` the lines above the targets (the page shows those as a table)."""
     out = [
         Row(
             "status",
@@ -216,18 +244,87 @@ def rows(snap: Snapshot, progress: float | None = None) -> list[Row]:
         )
     ]
     out.append(_link(snap))
+    out += _link_why(snap)
     out += _backlog(snap)
     out.append(_drain(snap))
     if progress is not None:
         out.append(Row("progress", f"{bar(progress)} of the backlog drained"))
     out.append(_budget(snap))
     out.append(_losses(snap))
-    out += _targets(snap)
+    if targets:
+        out += _targets(snap)
     return out
 
 
 def render_plain(snap: Snapshot, progress: float | None = None) -> str:
     return "\n".join(f"{r.label:<9}{r.text}".rstrip() for r in rows(snap, progress))
+
+
+# --- the web page ------------------------------------------------------------------------------------------
+
+_PAGE_REFRESH_S = 10
+_STYLE = """
+body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5em; color: #222; background: #fff; }
+h1 { font-size: 1.3em; } h2 { font-size: 1.1em; margin-top: 1.5em; }
+table { border-collapse: collapse; } td, th { padding: 0.25em 0.8em; text-align: left; vertical-align: top; }
+th { background: #eee; } tr + tr td { border-top: 1px solid #ddd; }
+.label { font-weight: bold; color: #256; white-space: nowrap; }
+.good { color: #17621b; } .warn { color: #8a5a00; } .bad { color: #b00020; font-weight: bold; }
+.num { text-align: right; } .error { font-family: monospace; overflow-wrap: anywhere; }
+"""
+
+
+def _cell(value: object, css: str = "") -> str:
+    text = "" if value is None else str(value)
+    return f'<td class="{css}">{html.escape(text)}</td>' if css else f"<td>{html.escape(text)}</td>"
+
+
+def _targets_table(snap: Snapshot) -> str:
+    now = snap["timestamp_seconds"]
+    head = (
+        "<tr><th>target</th><th>health</th><th>scrapes ok</th><th>failed</th><th>samples</th>"
+        "<th>samples/scrape</th><th>mean duration</th><th>last error</th><th>error</th></tr>"
+    )
+    lines = [head]
+    for name, t in sorted(snap["targets"].items()):
+        when = t["last_error_timestamp_seconds"]
+        duration = t.get("mean_scrape_seconds")
+        lines.append(
+            '<tr class="target">'
+            + _cell(name, "label")
+            + _cell(t["health"], {"ok": "good", "failing": "bad"}.get(t["health"], ""))
+            + _cell(_n(t["scrapes_ok"]), "num")
+            + _cell(_n(t["scrapes_failed"]), "num")
+            + _cell(_n(t.get("samples_scraped")), "num")
+            + _cell(t.get("samples_per_scrape") if t.get("samples_per_scrape") is not None else "?", "num")
+            + _cell("?" if duration is None else f"{duration * 1000:.1f} ms", "num")
+            + _cell("" if when is None else f"{fmt_time(when)} ({fmt_duration(now - when)} ago)")
+            + _cell(t["last_error"] or "", "error")
+            + "</tr>"
+        )
+    return '<table id="targets">' + "\n".join(lines) + "</table>"
+
+
+def render_html(snap: Snapshot) -> str:
+    """The snapshot as one HTML document: the status lines, then the targets as a table."""
+    summary = "\n".join(
+        f'<tr class="{r.severity}"><td class="label">{html.escape(r.label)}</td>'
+        f'<td class="{r.severity}">{html.escape(r.text)}</td></tr>'
+        for r in rows(snap, targets=False)
+    )
+    title = f"edge-relay {snap['cluster']}/{snap['node']}"
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="refresh" content="{_PAGE_REFRESH_S}">'
+        f"<title>{html.escape(title)}</title><style>{_STYLE}</style></head><body>\n"
+        f"<h1>{html.escape(title)}</h1>\n"
+        f'<table id="status">\n{summary}\n</table>\n'
+        f"<h2>Targets</h2>\n{_targets_table(snap)}\n"
+        f"<p>Refreshed every {_PAGE_REFRESH_S}s; the same data as <code>edge-relay status --json</code>. "
+        '<a href="/metrics">/metrics</a></p>\n'
+        "</body></html>\n"
+    )
 
 
 # --- --watch --------------------------------------------------------------------------------------------

@@ -3,7 +3,8 @@
 - ``mqtt``: ``Uplink``, one thread that owns the paho client: connects (MQTT 5, 3.1.1 fallback, TLS),
   publishes rows in the send queue's order within the in-flight window, republishes what is not acked
   in time, hands commands to the recorder's inbox and publishes their results, publishes the retained
-  status message.
+  status message; records why each connection failed (a reason from a fixed set) and when the cloud
+  last acked, for ``edge-relay status``.
 - ``netloop``: paho's external-loop calls in a ``select()`` another thread can wake, so a new row goes
   out at once while an idle relay sleeps.
 - ``acks``: what one application ack does to the spool (delete, ledger a refusal, republish

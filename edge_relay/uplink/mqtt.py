@@ -23,13 +23,20 @@ Commands: with a ``CommandInbox`` (``edge_relay.recorder.backfill``), the uplink
 the same persistent session) to the node's ``cmd`` topic, decodes each request strictly
 (``schemas.codec.command``) and hands it to the inbox, or refuses it with a reason; it publishes the
 inbox's results on ``cmd_result`` (QoS 1, not retained).
+
+Why the link is down: every failed connection attempt and every lost connection is classified
+(``connect_error_reason``, ``refusal_reason``: one of ``selfmetrics.MQTT_ERROR_REASONS``) and recorded
+with its message and time in the self-metrics, where ``edge-relay status`` reads it; each application ack
+stamps ``edge_relay_last_ack_timestamp_seconds``, so a stalled cloud shows as the time it last answered.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import sqlite3
+import ssl
 import threading
 import time
 from typing import Any, Protocol
@@ -56,6 +63,11 @@ log = logging.getLogger("edge_relay.uplink")
 
 # CONNACK codes that mean "this broker does not speak the protocol version you asked for".
 _UNSUPPORTED_VERSION = {1, 132}
+# CONNACK codes that refuse who we are: MQTT 3.1.1's 4 (bad user name or password) and 5 (not
+# authorised), MQTT 5's 0x86, 0x87, 0x8A (banned) and 0x8C (bad authentication method).
+_NOT_AUTHORIZED = {4, 5, 0x86, 0x87, 0x8A, 0x8C}
+# The reason paho gives a connection it closed because the broker did not answer within the keepalive.
+_KEEPALIVE_TIMEOUT = "Keep alive timeout"
 # New rows, acks and commands wake the loop at once (``WakeableLoop``); the pump also runs on its
 # own, every second while batches are in flight or the pacer holds one back (ack timeouts, tokens),
 # and every 5 s otherwise, in case a row came without a kick.
@@ -68,6 +80,31 @@ _RECONNECT_ACK_WAIT_S = 10.0
 _LIVE_WAITING_ROWS = 4
 # The longest one network-loop turn blocks: paho's keepalive housekeeping runs at least this often.
 _TURN_MAX_S = 1.0
+
+
+def connect_error_reason(error: BaseException) -> str:
+    """The ``MQTT_ERROR_REASONS`` value of an exception from opening the connection (TCP, TLS)."""
+    # SSLError is an OSError, and the certificate errors are ValueErrors too: TLS first.
+    if isinstance(error, ssl.SSLError | ssl.CertificateError):
+        return "tls"
+    if isinstance(error, socket.gaierror):
+        return "dns"
+    if isinstance(error, ConnectionRefusedError):
+        return "connection_refused"
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    if isinstance(error, ConnectionError):  # reset, aborted: the broker's side hung up
+        return "closed"
+    return "other"
+
+
+def refusal_reason(code: int) -> str:
+    """The ``MQTT_ERROR_REASONS`` value of a refusing CONNACK's return (3.1.1) or reason (5) code."""
+    if code in _NOT_AUTHORIZED:
+        return "not_authorized"
+    if code in _UNSUPPORTED_VERSION:
+        return "protocol"
+    return "other"
 
 
 class StatusSource(Protocol):
@@ -112,6 +149,8 @@ class Uplink:
         self._connected = False
         self._connack_pending = False
         self._refusal: tuple[int, str] | None = None
+        # The last loss as paho or the broker's DISCONNECT explained it: (reason, message).
+        self._disconnect_why: tuple[str, str] | None = None
         self._connected_since = 0.0
         self._max_packet: int | None = None  # the broker's MaximumPacketSize (MQTT 5 CONNACK)
         # Publications the broker has not PUBACKed yet: lost with the connection, so sent again at once.
@@ -229,14 +268,16 @@ class Uplink:
             else:
                 client.connect(cfg.host, cfg.port, cfg.keepalive_seconds)
         except (OSError, ValueError) as e:
-            self._connect_failed(f"{type(e).__name__}: {e}")
+            self._connect_failed(connect_error_reason(e), f"{type(e).__name__}: {e}")
             return
         self._client = client
         self._connack_pending = True
         self._refusal = None
         deadline = time.monotonic() + cfg.keepalive_seconds
+        closed = False
         while self._connack_pending and time.monotonic() < deadline and not self._stop.is_set():
             if self._net.turn(client, 0.1) != mqtt.MQTT_ERR_SUCCESS:
+                closed = True
                 break
         if self._connected:
             self._connected_since = time.monotonic()
@@ -254,13 +295,17 @@ class Uplink:
             self._use_v5 = False
             log.warning("broker refused MQTT 5 (%s); retrying with MQTT 3.1.1", refusal[1])
             return
-        self._connect_failed(
-            f"refused: {refusal[1]}" if refusal else "no CONNACK (connection closed or timed out)"
-        )
+        if refusal is not None:
+            self._connect_failed(refusal_reason(refusal[0]), f"refused: {refusal[1]}")
+        elif closed:
+            self._connect_failed("closed", "the broker closed the connection before its CONNACK")
+        elif not self._stop.is_set():
+            self._connect_failed("timeout", f"no CONNACK within {cfg.keepalive_seconds:g}s")
 
-    def _connect_failed(self, why: str) -> None:
+    def _connect_failed(self, reason: str, why: str) -> None:
         delay = self.backoff.next_delay()
         self.metrics.mqtt_connects.labels("failed").inc()
+        self.metrics.mqtt_failed(reason, why, time.time())
         log.warning(
             "cannot connect to MQTT broker %s:%d (%s); retrying in %.1fs",
             self.cfg.host,
@@ -331,6 +376,12 @@ class Uplink:
     ) -> None:
         if self._connected:
             log.warning("disconnected from MQTT broker: %s", reason_code)
+            if getattr(flags, "is_disconnect_packet_from_server", False):
+                self._disconnect_why = ("closed", f"the broker disconnected us: {reason_code}")
+            elif str(reason_code) == _KEEPALIVE_TIMEOUT:
+                self._disconnect_why = ("timeout", "connection lost: no answer within the keepalive")
+            else:
+                self._disconnect_why = ("closed", f"connection lost: {reason_code}")
         self._connected = False
         self.connected_event.clear()
         self.metrics.observe_mqtt(False, time.time())
@@ -354,6 +405,7 @@ class Uplink:
         if ack.node != self.node:
             log.error("ignoring ack for node %r on %s (this is %r)", ack.node, message.topic, self.node)
             return
+        self.metrics.last_ack.set(time.time())
         try:
             applied = apply_ack(self.queue, self.inflight, ack, time.monotonic(), self.stream)
         except (SpoolError, sqlite3.Error) as e:
@@ -496,9 +548,11 @@ class Uplink:
                 self._connect()
                 continue
             client = self._client
-            ok = self._net.turn(client, self._turn_timeout()) == mqtt.MQTT_ERR_SUCCESS
+            rc = self._net.turn(client, self._turn_timeout())
+            ok = rc == mqtt.MQTT_ERR_SUCCESS
             self.pacer.meter(client.socket())
             if not ok or not self._connected:
+                self._connection_lost(rc)
                 self._drop_client()
                 # Wait before reconnecting: two relays sharing a client id, or a broker that drops us
                 # right after CONNACK, must not turn into a reconnect storm.
@@ -531,6 +585,11 @@ class Uplink:
                 self._next_status = now + self.cfg.status_interval_seconds
                 client.publish(self.status_topic, self._status_payload("online"), qos=1, retain=True)
         self._leave()
+
+    def _connection_lost(self, rc: mqtt.MQTTErrorCode) -> None:
+        why, self._disconnect_why = self._disconnect_why, None
+        reason, message = why or ("closed", f"connection lost: {getattr(rc, 'name', rc)}")
+        self.metrics.mqtt_failed(reason, message, time.time())
 
     def _pump_every(self) -> float:
         return _PUMP_EVERY_S if self.inflight or self.pacer.waiting else _IDLE_PUMP_EVERY_S

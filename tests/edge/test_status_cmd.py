@@ -158,6 +158,10 @@ def test_snapshot_json_has_stable_keys(tmp_path: Path) -> None:
         "connected": True,
         "since": NOW - 75,
         "inflight_batches": 0.0,
+        "last_error": None,
+        "last_ack_timestamp_seconds": None,
+        "ack_timeout_seconds": 60.0,
+        "acked_nothing_since": None,
     }
     assert snap["drain"] == {
         "interval_seconds": 10.0,

@@ -26,8 +26,6 @@ import yaml
 from prometheus_client import generate_latest
 
 # The certificates tests/test_mqtt_tls.py makes for its brokers (pytest puts tests/ on the path).
-from test_mqtt_tls import make_pki
-
 from edge_relay import settings
 from edge_relay.commands import status as status_cmd
 from edge_relay.commands import statusview
@@ -35,6 +33,7 @@ from edge_relay.selfmetrics import MQTT_ERROR_REASONS, RelayMetrics
 from edge_relay.uplink.mqtt import connect_error_reason, refusal_reason
 from testkit.exporters import ScriptedExporter
 from testkit.netfaults import LinkProxy
+from testkit.pki import make_pki
 from testkit.services import Mosquitto, ServiceFactory, free_port, wait_until
 from testkit.stack import Program, program, relay_config
 

@@ -14,15 +14,9 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from edge_relay.collect.parse import (
-    ParseDeadlineExceeded,
-    ParseError,
-    SampleLimitExceeded,
-    SeriesCache,
-    parse,
-)
-from edge_relay.collect.scrape import Fetched, Scraper
+from edge_relay.collect.nvml import NvmlSource
 from edge_relay.collect.shape import ShapedScrape, TargetShaper, fill_labels_for
+from edge_relay.collect.source import HttpSource
 from edge_relay.ledger import LossLedger, LossReason
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import Settings, Target
@@ -38,10 +32,17 @@ class TargetLoop:
         self.metrics = metrics
         self.sample_limit = s.sample_limit
         self.timeout_s = s.timeout_seconds
-        self.scraper = Scraper(
-            target.url, fmt=target.format, timeout_s=s.timeout_seconds, body_limit_bytes=s.body_limit_bytes
-        )
-        self.cache = SeriesCache()
+        # What the target is read from: an exporter's page, or the node's GPUs through NVML.
+        self.scraper: HttpSource | NvmlSource
+        if target.kind == "nvml":
+            self.scraper = NvmlSource(s.node, s.timeout_seconds)
+        else:
+            self.scraper = HttpSource(
+                target.url,
+                fmt=target.format,
+                timeout_s=s.timeout_seconds,
+                body_limit_bytes=s.body_limit_bytes,
+            )
         target_labels = {"job": target.job, "instance": target.instance, **target.labels}
         self.shaper = TargetShaper(
             target.name,
@@ -56,24 +57,9 @@ class TargetLoop:
         # One wall-clock deadline for fetch and parse: a huge body's parse must not hold up the cycle,
         # and with it every other target, beyond the scrape timeout.
         deadline = time.monotonic() + self.timeout_s
-        fetched: Fetched = self.scraper.fetch()
-        samples = None
-        result = "ok"
-        error = fetched.error
-        if fetched.ok:
-            try:
-                samples = parse(
-                    fetched.body, fetched.content_type, self.cache, self.sample_limit, deadline=deadline
-                )
-            except SampleLimitExceeded as e:
-                error, result = str(e), "sample_limit"
-            except ParseDeadlineExceeded as e:
-                error, result = str(e), "timeout"
-            except ParseError as e:
-                error, result = f"cannot parse exposition: {e}", "parse_error"
-        else:
-            result = "http_error"
-        duration = time.time() - fetched.timestamp_ms / 1000
+        reading = self.scraper.read(deadline, self.sample_limit)
+        samples, error, result = reading.samples, reading.error, reading.result
+        duration = time.time() - reading.timestamp_ms / 1000
         if samples is None:
             # Log a failing target once per distinct error, not every interval.
             if error != self._last_error:
@@ -87,7 +73,7 @@ class TargetLoop:
         self.metrics.scrape_duration.labels(self.target.name).observe(duration)
         if samples is not None:
             self.metrics.samples_scraped.labels(self.target.name).inc(len(samples))
-        shaped = self.shaper.shape(fetched.timestamp_ms, samples, duration)
+        shaped = self.shaper.shape(reading.timestamp_ms, samples, duration)
         self.metrics.stale_markers.inc(shaped.stale_markers)
         if shaped.relabel_dropped:
             self.metrics.samples_relabel_dropped.labels(self.target.name).inc(shaped.relabel_dropped)

@@ -8,8 +8,10 @@ as the driver gives them, so the source's unit conversions are what a test check
 
 The trace is ``simulator/data/h200-nvml-training-trace.csv`` (``load_trace``): an NVIDIA H200 read through
 NVML every 0.5 s while a training job ran (see the note beside it). What it did not record is fixed
-here: encoder/decoder utilisation 0, no remapped rows, retired pages unsupported (Hopper remaps rows),
-``RESERVED_MIB`` of framebuffer reserved.
+here: encoder/decoder utilisation 0, no remapped rows, retired pages unsupported (Hopper remaps rows).
+Its ``fb_used_mib`` is NVML's version-1 "used", which counts what the driver reserves (615 MiB on that
+H200 and driver: at idle, version 2 reads 0 used and 615 reserved, as nvidia-smi does); the stand-in
+serves the columns as version 2's used and free with ``RESERVED_MIB`` (0) reserved.
 
 Faults: ``fail_with(code)`` makes every device call raise ``NVMLError(code)`` until ``fail_with(None)``;
 ``delay_s`` makes each device call sleep (a driver that hangs); ``xid(gpu, code)`` queues an XID event.

@@ -1,9 +1,10 @@
 """Every target scraped, parsed and shaped once a cycle, in parallel.
 
-``TargetLoop`` is one target's scrape -> parse -> shape, with the state that lives across cycles (the
-parser's series cache, the shaper's previous series for stale markers, the last error logged).
-``Collector`` runs every target's loop on a pool, one thread per target, so a slow target costs only its
-own scrape (each is bounded by one wall-clock deadline for fetch and parse); it puts what the shape stage
+``TargetLoop`` is one target's read (its source: an exporter's page, scrape -> parse, or the node's GPUs
+through NVML) -> shape, with the state that lives across cycles (the source's, the shaper's previous
+series for stale markers, the last error logged). ``Collector`` runs every target's loop on a pool, one
+thread per target, so a slow target costs only its own scrape (each is bounded by one wall-clock deadline
+for the whole read); it puts what the shape stage
 dropped sample by sample into the loss ledger, and says so when the wall clock stepped back since the
 last cycle (samples are stamped with it).
 """
@@ -25,7 +26,7 @@ log = logging.getLogger("edge_relay")
 
 
 class TargetLoop:
-    """Scrape -> parse -> shape for one target; state (caches, previous series) lives here."""
+    """Read -> shape for one target; state (the source's, previous series) lives here."""
 
     def __init__(self, target: Target, s: Settings, metrics: RelayMetrics) -> None:
         self.target = target
@@ -54,8 +55,8 @@ class TargetLoop:
         self._relabel_error = ""
 
     def run_once(self) -> ShapedScrape:
-        # One wall-clock deadline for fetch and parse: a huge body's parse must not hold up the cycle,
-        # and with it every other target, beyond the scrape timeout.
+        # One wall-clock deadline for the whole read (fetch and parse, or NVML): a huge body's parse must
+        # not hold up the cycle, and with it every other target, beyond the scrape timeout.
         deadline = time.monotonic() + self.timeout_s
         reading = self.scraper.read(deadline, self.sample_limit)
         samples, error, result = reading.samples, reading.error, reading.result

@@ -26,6 +26,9 @@ ENV_OVERRIDES: tuple[config_loader.EnvOverride, ...] = (
     ("mqtt.username", ("EDGE_RELAY_MQTT_USERNAME",), str),
     ("mqtt.password", ("EDGE_RELAY_MQTT_PASSWORD",), str),
 )
+# A target at this URL reads the node's NVIDIA GPUs through NVML (edge_relay.collect.nvml) instead of
+# scraping an exporter: NVML sees only the GPUs of the machine it runs on, hence `local`.
+NVML_URL = "nvml://local"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,11 @@ class Target:
     labels: dict[str, str]
     # scrape.metric_relabel_configs, then the target's own list (relay_common.relabel).
     metric_relabel: tuple[Rule, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """``http`` (an exporter's page) or ``nvml`` (the node's GPUs, read through NVML)."""
+        return "nvml" if self.url == NVML_URL else "http"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +104,8 @@ class Settings:
 
 
 def _instance_for(url: str, node: str, key: str, source: str) -> str:
+    if url == NVML_URL:  # the schema admits no other nvml:// URL
+        return f"{node}:nvml"
     parts = urlsplit(url)
     try:
         port = parts.port or (443 if parts.scheme == "https" else 80)

@@ -26,6 +26,8 @@ in editable mode beside the product; pytest finds it in the checkout anyway).  U
 - ``edge_systems``: the benches' three edge systems (ours, Prometheus agent, vmagent), each with its
   simulator, link proxy, tap and receiver.
 - ``exporters``: ``ScriptedExporter``, an exposition computed per request (or a body per path).
+- ``nvml_replay``: ``ReplayNvml``, a stand-in of the NVML API (the ``pynvml`` module) replaying a real
+  H200 trace, for the NVML source's tests without a GPU.
 - ``hostile``: hostile inputs for the fault tests and bench: a trickling exporter, a QoS 0 flooder,
   well-formed batches of another node, and readers of the ledger, dead letters and spool by series.
 - ``batches``: made-up batches of a node, as its relay would publish them (the cloud side's tests).

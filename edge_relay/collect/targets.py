@@ -1,17 +1,18 @@
 """Every target scraped, parsed and shaped once a cycle, in parallel.
 
-``TargetLoop`` is one target's scrape -> parse -> shape, with the state that lives across cycles (the
-parser's series cache, the shaper's previous series for stale markers, the last error logged).
-``Collector`` runs every target's loop on a pool, one thread per target, so a slow target costs only its
-own scrape; it puts what the shape stage dropped sample by sample into the loss ledger, and says so when
+``TargetLoop`` is one target's read (its source: an exporter's page, scrape -> parse, or the node's GPUs
+through NVML) -> shape, with the state that lives across cycles (the source's, the shaper's previous
+series for stale markers, the last error logged). ``Collector`` runs every target's loop on a pool, one
+thread per target, so a slow target costs only its own scrape (each read is bounded by one wall-clock
+deadline); it puts what the shape stage dropped sample by sample into the loss ledger, and says so when
 the wall clock stepped back since the last cycle (samples are stamped with it).
 
 A cycle waits for its targets until the scrape timeout and a little more (``SHAPING_GRACE_S``, at most
-half of what the interval leaves): fetch and parse end at the timeout, so what runs later is shaping,
-tens of thousands of new series to relabel and check (a rollout, pod churn). Such a target finishes in
-the background and its scrape joins the first cycle after; it is not scraped again meanwhile. Its time
-is its own, never its neighbours' (as in Prometheus, where each target has a scrape loop of its own),
-and its samples arrive late rather than never: at shutdown a scrape still at work is waited for.
+half of what the interval leaves): reads end at the timeout, so what runs later is shaping, tens of
+thousands of new series to relabel and check (a rollout, pod churn). Such a target finishes in the
+background and its scrape joins the first cycle after; it is not scraped again meanwhile. Its time is
+its own, never its neighbours' (as in Prometheus, where each target has a scrape loop of its own), and
+its samples arrive late rather than never: at shutdown a scrape still at work is waited for.
 """
 
 from __future__ import annotations
@@ -20,15 +21,9 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
-from edge_relay.collect.parse import (
-    ParseDeadlineExceeded,
-    ParseError,
-    SampleLimitExceeded,
-    SeriesCache,
-    parse,
-)
-from edge_relay.collect.scrape import Fetched, Scraper
+from edge_relay.collect.nvml import NvmlSource
 from edge_relay.collect.shape import ShapedScrape, TargetShaper, fill_labels_for
+from edge_relay.collect.source import HttpSource
 from edge_relay.ledger import LossLedger, LossReason
 from edge_relay.selfmetrics import RelayMetrics
 from edge_relay.settings import Settings, Target
@@ -39,17 +34,24 @@ SHAPING_GRACE_S = 0.25
 
 
 class TargetLoop:
-    """Scrape -> parse -> shape for one target; state (caches, previous series) lives here."""
+    """Read -> shape for one target; state (the source's, previous series) lives here."""
 
     def __init__(self, target: Target, s: Settings, metrics: RelayMetrics) -> None:
         self.target = target
         self.metrics = metrics
         self.sample_limit = s.sample_limit
         self.timeout_s = s.timeout_seconds
-        self.scraper = Scraper(
-            target.url, fmt=target.format, timeout_s=s.timeout_seconds, body_limit_bytes=s.body_limit_bytes
-        )
-        self.cache = SeriesCache()
+        # What the target is read from: an exporter's page, or the node's GPUs through NVML.
+        self.scraper: HttpSource | NvmlSource
+        if target.kind == "nvml":
+            self.scraper = NvmlSource(s.node, s.timeout_seconds)
+        else:
+            self.scraper = HttpSource(
+                target.url,
+                fmt=target.format,
+                timeout_s=s.timeout_seconds,
+                body_limit_bytes=s.body_limit_bytes,
+            )
         target_labels = {"job": target.job, "instance": target.instance, **target.labels}
         self.shaper = TargetShaper(
             target.name,
@@ -66,27 +68,12 @@ class TargetLoop:
         return self._last_error or self._relabel_error
 
     def run_once(self) -> ShapedScrape:
-        # One wall-clock deadline for fetch and parse: a huge body's parse must not hold up the cycle,
-        # and with it every other target, beyond the scrape timeout.
+        # One wall-clock deadline for the whole read (fetch and parse, or NVML): a huge body's parse must
+        # not hold up the cycle, and with it every other target, beyond the scrape timeout.
         deadline = time.monotonic() + self.timeout_s
-        fetched: Fetched = self.scraper.fetch()
-        samples = None
-        result = "ok"
-        error = fetched.error
-        if fetched.ok:
-            try:
-                samples = parse(
-                    fetched.body, fetched.content_type, self.cache, self.sample_limit, deadline=deadline
-                )
-            except SampleLimitExceeded as e:
-                error, result = str(e), "sample_limit"
-            except ParseDeadlineExceeded as e:
-                error, result = str(e), "timeout"
-            except ParseError as e:
-                error, result = f"cannot parse exposition: {e}", "parse_error"
-        else:
-            result = "http_error"
-        duration = time.time() - fetched.timestamp_ms / 1000
+        reading = self.scraper.read(deadline, self.sample_limit)
+        samples, error, result = reading.samples, reading.error, reading.result
+        duration = time.time() - reading.timestamp_ms / 1000
         if samples is None:
             # Log a failing target once per distinct error, not every interval.
             if error != self._last_error:
@@ -100,7 +87,7 @@ class TargetLoop:
         self.metrics.scrape_duration.labels(self.target.name).observe(duration)
         if samples is not None:
             self.metrics.samples_scraped.labels(self.target.name).inc(len(samples))
-        shaped = self.shaper.shape(fetched.timestamp_ms, samples, duration)
+        shaped = self.shaper.shape(reading.timestamp_ms, samples, duration)
         self.metrics.stale_markers.inc(shaped.stale_markers)
         if shaped.relabel_dropped:
             self.metrics.samples_relabel_dropped.labels(self.target.name).inc(shaped.relabel_dropped)

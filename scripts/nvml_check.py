@@ -12,7 +12,7 @@ reads over their interval.
 Prints one table row per GPU and value, and exits 0 when all match, 1 on a mismatch, 2 when pynvml or
 nvidia-smi is missing or NVML cannot start. ``--page`` also prints the page the source serves.
 
-    python scripts/nvml_check.py [--page]
+    python scripts/nvml_check.py [--page]      # where the relay is installed (pip install .[nvml])
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge_relay.collect import nvml
 

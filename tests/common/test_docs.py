@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from relay_common import docsections, metricsdoc
+from relay_common import docsections
+from testkit import metricsdoc
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -27,7 +28,7 @@ def test_docs_metrics_reference_is_up_to_date(program: str) -> None:
     assert section is not None, f"{metricsdoc.DOCUMENT} lacks the <!-- metrics:{program} --> section"
     assert section == metricsdoc.markdown(program), (
         f"{metricsdoc.DOCUMENT} self-metrics reference for {program} is stale: regenerate it with "
-        f"`python -m relay_common.metricsdoc --update {metricsdoc.DOCUMENT}`"
+        f"`python -m testkit.metricsdoc --update {metricsdoc.DOCUMENT}`"
     )
 
 
@@ -67,7 +68,7 @@ def test_metricsdoc_update_rewrites_only_its_sections(tmp_path: Path) -> None:
 def test_generators_refuse_a_file_without_their_markers(tmp_path: Path) -> None:
     doc = tmp_path / "none.md"
     doc.write_text("# nothing generated here\n", encoding="utf-8")
-    for module in ("relay_common.metricsdoc", "relay_common.configdoc"):
+    for module in ("testkit.metricsdoc", "relay_common.configdoc"):
         run = subprocess.run(
             [sys.executable, "-m", module, "--update", str(doc)], capture_output=True, text=True, check=False
         )

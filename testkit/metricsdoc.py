@@ -5,12 +5,12 @@ scraper sees it: the exposed name (counters with ``_total``), the type, the labe
 ``le`` aside) and the help text. The per-node families of the ingester's fleet view come from a collector
 that is empty until a node reports; they are listed all the same, because it declares them up front.
 
-``python -m relay_common.metricsdoc`` prints the reference, ``--update docs/operations.md`` rewrites
+``python -m testkit.metricsdoc`` prints the reference, ``--update docs/operations.md`` rewrites
 that file's sections between ``<!-- metrics:NAME -->`` markers; a test keeps the file in step with the
 declarations.
 
-This is the one module of ``relay_common`` that reads both programs: a documentation tool for the tests
-and for developers, which neither program imports.
+A documentation tool for the tests and for developers, which neither program imports (it reads both,
+so it lives with the tooling, above them).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ section = REFERENCE.section
 
 
 def main(argv: Sequence[str] = ()) -> None:
-    REFERENCE.main(argv, prog="python -m relay_common.metricsdoc")
+    REFERENCE.main(argv, prog="python -m testkit.metricsdoc")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,10 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
+
+from prometheus_client import CollectorRegistry
 
 from edge_relay import settings as settings_mod
 from edge_relay.anomaly.pastparts import PastParts
@@ -40,7 +43,6 @@ from edge_relay.budget.runtime import BudgetRuntime
 from edge_relay.collect.shape import ShapedScrape
 from edge_relay.collect.targets import Collector
 from edge_relay.commands import checkconfig
-from edge_relay.commands.status import StatusPage
 from edge_relay.encode.batches import BatchEncoder
 from edge_relay.encode.lanes import Lanes
 from edge_relay.encode.window import BatchWindow
@@ -285,6 +287,22 @@ class Relay:
         self.spool.close()
 
 
+class _LazyStatusPage:
+    """The ``/status`` page, its code loaded when it is first asked for: the status command's reader and
+    renderer cost about 2.7 MiB of a sidecar that may never serve the page."""
+
+    def __init__(self, s: Settings, registry: CollectorRegistry) -> None:
+        self._settings, self._registry = s, registry
+        self._page: Callable[[], bytes] | None = None
+
+    def __call__(self) -> bytes:
+        if self._page is None:
+            from edge_relay.commands.status import StatusPage
+
+            self._page = StatusPage(self._settings, self._registry)
+        return self._page()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", required=True, help="edge relay config file (YAML)")
     parser.add_argument(
@@ -333,7 +351,7 @@ def run(args: argparse.Namespace) -> int:
         s.metrics_listen,
         relay.metrics.registry,
         ready=lambda: relay.cycles > 0,
-        pages={"/status": Page(StatusPage(s, relay.metrics.registry))},
+        pages={"/status": Page(_LazyStatusPage(s, relay.metrics.registry))},
     )
     log.info(
         "edge relay %s/%s: %d target(s) every %gs, spool %s, broker %s:%d",

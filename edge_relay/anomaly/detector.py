@@ -168,22 +168,28 @@ LOAD_STEP_POWER: Final = 0.3  # of the larger of two scrapes' power: the load ch
 # until then, and each load state (idle, busy) keeps its own baseline, so a job starting or stopping
 # (utilisation, power, clocks and temperature all moving together) is never an anomaly.
 SETTLE_SECONDS: Final = 120.0
-# A temperature rise is explained (a job starting, not a fault) when the mean power over the slope's
-# span is this much above the mean of the EXPLAIN_SECONDS before it, or the utilisation is.
-EXPLAIN_SECONDS: Final = 60.0
+# A temperature rise is explained (a job starting, not a fault) when the power (or the utilisation) over
+# the last EXPLAIN_SECONDS is above what it was around the start of the rise: a GPU's die follows its
+# power within seconds (the real H200: +16 °C in 3 s as a burst starts), so a rise the power does not
+# show is heat that no longer leaves (cooling lost, a stuck fan, a blocked inlet).
+EXPLAIN_SECONDS: Final = 5.0
+# The slope counts within this of the temperature limit: a burst heating a cool die by 10-16 °C (the real
+# H200 at 36 -> 52 °C, its power sample lagging its temperature's at 5 s scrapes) is no fault yet.
+SLOPE_MARGIN_C: Final = 25.0
 EXPLAIN_POWER_RISE: Final = 1.15
 EXPLAIN_UTIL_RISE: Final = 15.0
+# Hardware slowdown without its throttle-reason field (not among dcgm-exporter's defaults): under load
+# the clock at or under this share of the highest clock seen under load (HW slowdown cuts it by 2x or
+# more; the SW power cap moved the real H200 between 1155 and 1965 MHz), on 2 scrapes.
+SLOWDOWN_CLOCK_SHARE: Final = 0.5
 # An unknown model's power limit is learned from what it draws under load: the highest power seen at or
 # over BUSY_UTIL, times LEARN_MARGIN, once LEARN_SECONDS of data and LEARN_BUSY_SCRAPES busy scrapes.
 LEARN_SECONDS: Final = 600.0
 LEARN_BUSY_SCRAPES: Final = 12
 LEARN_MARGIN: Final = 1.1
+CLIMB_SECONDS: Final = 60.0  # the span of the memory climb (at least 13 scrapes)
 MODEL_SCAN_CYCLES: Final = 3  # cycles the GPU's series are searched for the model label
 HISTORY: Final = 256  # scrapes of (ts, temp, fb, power, util): the slope's span and the power before it
-
-
-def _mean(values: list[float]) -> float | None:
-    return sum(values) / len(values) if values else None
 
 
 class _Gpu:
@@ -215,6 +221,8 @@ class _Gpu:
         self.first_ms: int | None = None
         self.learned_max = 0.0
         self.busy_scrapes = 0
+        self.busy_clock = 0.0  # the highest clock seen under load
+        self.slow = 0  # scrapes in a row with the clock cut under load
         self.score = 0.0
         self.series: set[Labels] = set()
         self.window_end_ms = 0  # full resolution until then (0: no window)
@@ -264,26 +272,25 @@ class _Gpu:
             mem = limits.memory_temp_c
         return gpu, mem
 
-    def _load_rose(self, since: float) -> bool:
-        """Whether the power (or the load) over the slope's span rose against the minute before it."""
-        start = since - EXPLAIN_SECONDS * 1000
-        before_p: list[float] = []
-        recent_p: list[float] = []
-        before_u: list[float] = []
-        recent_u: list[float] = []
+    def _load_rose(self, ts: int, since: float) -> bool:
+        """Whether the power (or the load) of the last seconds is above its level around ``since``."""
+        span = EXPLAIN_SECONDS * 1000
+        now_p: list[float] = []
+        then_p: list[float] = []
+        now_u: list[float] = []
+        then_u: list[float] = []
         for s, _, _, p, u in self.hist:
-            if s < start:
-                continue
-            recent = s > since
-            if p == p:
-                (recent_p if recent else before_p).append(p)
-            if u == u:
-                (recent_u if recent else before_u).append(u)
-        rp, bp = _mean(recent_p), _mean(before_p)
-        if rp is not None and bp is not None and rp >= EXPLAIN_POWER_RISE * bp:
+            if s > ts - span:
+                now_p.append(p)
+                now_u.append(u)
+            elif abs(s - since) <= span:
+                then_p.append(p)
+                then_u.append(u)
+        now_p, then_p = [p for p in now_p if p == p], [p for p in then_p if p == p]
+        if now_p and then_p and max(now_p) >= EXPLAIN_POWER_RISE * min(then_p):
             return True
-        ru, bu = _mean(recent_u), _mean(before_u)
-        return ru is not None and bu is not None and ru >= bu + EXPLAIN_UTIL_RISE
+        now_u, then_u = [u for u in now_u if u == u], [u for u in then_u if u == u]
+        return bool(now_u and then_u and max(now_u) >= min(then_u) + EXPLAIN_UTIL_RISE)
 
     def _settle(self, ts: int, util: float | None, power: float | None) -> None:
         """Tracks the load state; a change of it (or a load step) restarts the score's settling time."""
@@ -329,6 +336,20 @@ class _Gpu:
         )
         if self.capped >= 3:
             fired.append(("power", f"power>={th.power_fraction:g}xlimit"))
+        clock = x.get("clock")
+        busy = util is not None and util >= BUSY_UTIL
+        slowed = (
+            busy
+            and clock is not None
+            and self.busy_clock > 0
+            and clock <= SLOWDOWN_CLOCK_SHARE * self.busy_clock
+        )
+        if busy:  # bursty work: the scrapes in between (idle, clocks up) neither count nor reset
+            self.slow = self.slow + 1 if slowed else 0
+        if slowed and self.slow >= 2:
+            fired.append(("throttle", "clock_slowdown"))
+        if busy and clock is not None:
+            self.busy_clock = max(self.busy_clock, clock)
         # AMD: the share of time the GPU was held back (PPT, socket / HBM / VR thermal), for 3 scrapes.
         violation = x.get("violation")
         self.violating = self.violating + 1 if (violation is not None and violation >= 10) else 0
@@ -345,22 +366,27 @@ class _Gpu:
                               nan if power is None else power, nan if util is None else util))  # fmt: skip
         h = self.hist
         if temp is not None and len(h) >= 2:
-            # A rise over the last slope_seconds (+4.5 °C in 15 s) that no power or load rise explains: a
-            # cooling fault heats a GPU whose work did not change; a job starting heats it with its power.
+            # A rise over the last slope_seconds (+4.5 °C in 15 s) near the limit that no power or load rise
+            # explains: a cooling fault heats a GPU whose work did not change; a job starting heats it
+            # with its power.
             since = ts - th.slope_seconds * 1000
             old = next((t for s, t, *_ in h if s >= since - 1 and t == t), None)
             if (
                 old is not None
                 and h[0][0] <= since + 1
+                and temp >= gpu_temp_c - SLOPE_MARGIN_C
                 and temp - old >= th.temp_slope_c
-                and not self._load_rose(since)
+                and not self._load_rose(ts, since)
             ):
                 fired.append(("thermal", "temp_slope"))
-        if len(h) >= 13 and total:
-            # Memory used climbing steadily for a minute: >= 5 % of the total, 10 of 12 steps up, no
-            # step over 40 % of the rise (a model loading is one or two jumps, a leak is steady).
-            last = [f for _, _, f, _, _ in itertools.islice(h, len(h) - 13, None)]
-            if all(f == f for f in last):
+        if total:
+            # Memory used climbing steadily for a minute: >= 5 % of the total, 10 of 12 steps up, no step
+            # over 40 % of the rise (a model loading is one or two jumps, a leak is steady).
+            start = ts - CLIMB_SECONDS * 1000
+            span = [f for s, _, f, _, _ in h if s >= start]
+            # 12 steps over the minute, whatever the scrape interval (at 1 s: every fifth scrape).
+            last = [span[round(i * (len(span) - 1) / 12)] for i in range(13)] if len(span) >= 13 else []
+            if last and all(f == f for f in last):
                 steps = [b - a for a, b in itertools.pairwise(last)]
                 rise = last[-1] - last[0]
                 ups = sum(d > 0.001 * total for d in steps)

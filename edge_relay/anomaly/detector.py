@@ -245,7 +245,7 @@ class _Gpu:
                 self.model_scans = MODEL_SCAN_CYCLES
                 return
 
-    def _power_limit(self, ts: int, served: float | None) -> float | None:
+    def power_limit(self, ts: int, served: float | None) -> float | None:
         """Configured, else served, else the model's data sheet, else (an unknown model) learned."""
         if self.th.power_limit:
             return self.th.power_limit
@@ -327,7 +327,7 @@ class _Gpu:
             fired.append(("thermal", f"gpu_temp>={gpu_temp_c:g}"))
         if mem_temp is not None and memory_temp_c is not None and mem_temp >= memory_temp_c:
             fired.append(("thermal", f"memory_temp>={memory_temp_c:g}"))
-        limit = self._power_limit(ts, x.get("power_limit"))
+        limit = self.power_limit(ts, x.get("power_limit"))
         if power is not None and util is not None and util >= BUSY_UTIL:
             self.learned_max = max(self.learned_max, power)  # after the limit: a new high is compared first
             self.busy_scrapes += 1

@@ -1054,9 +1054,11 @@ def real_page(
 def replay_real(
     cfg: Any, interval_s: float, seconds: float, incident: RealIncident | None = None,
     gpus: int = REAL_GPUS, health_fields: bool = False, trace: RealTrace | None = None,
+    on_cycle: Callable[[Any, int], None] | None = None,
 ) -> tuple[list[Any], Any]:  # fmt: skip
     """The trace's pages scraped every ``interval_s`` for ``seconds``, as the relay scrapes (parse +
-    ``TargetShaper``), through the relay's ``Detector``: its events, and the detector."""
+    ``TargetShaper``), through the relay's ``Detector``: its events, and the detector (``on_cycle``:
+    called with it and the cycle's time after each cycle)."""
     from edge_relay.anomaly.detector import Detector
     from edge_relay.collect.parse import parse as parse_exposition
     from edge_relay.collect.shape import TargetShaper
@@ -1070,6 +1072,8 @@ def replay_real(
         ts = T0_MS + round(t * 1000)
         page = real_page(trace, t, gpus, incident, health_fields)
         events += det.observe([shaper.shape(ts, parse_exposition(page), 0.01)], ts)
+        if on_cycle is not None:
+            on_cycle(det, ts)
     return events, det
 
 
@@ -1093,16 +1097,32 @@ def evaluate_real(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     rows = []
     for interval in args.real_intervals:
         log(f"real trace, {interval:g} s scrapes: {args.real_hours:g} h x {REAL_GPUS} GPUs")
+        windowed = [0]
+
+        def count_windows(det: Any, ts: int, windowed: list[int] = windowed) -> None:
+            windowed[0] += sum(1 for k in det.active_windows(ts) if k != "node")
+
         events, _ = replay_real(defaults, interval, args.real_hours * 3600, None, REAL_GPUS,
-                                  args.health_fields, trace)  # fmt: skip
+                                args.health_fields, trace, count_windows)  # fmt: skip
+        firing, _ = replay_real(per_scrape, interval, args.real_hours * 3600, None, REAL_GPUS,
+                                args.health_fields, trace)  # fmt: skip
         gpu_hours = args.real_hours * REAL_GPUS
+        scrapes = gpu_hours * 3600 / interval
         rules: dict[str, int] = {}
-        for ev in events:
+        for ev in firing:
             rules[ev.rule] = rules.get(ev.rule, 0) + 1
-        summary["false"][interval] = {"events": len(events), "gpu_hours": gpu_hours, "rules": rules}
+        summary["false"][interval] = {"events": len(events), "gpu_hours": gpu_hours, "firing": len(firing),
+                                      "windowed_share": windowed[0] / scrapes, "rules": rules}  # fmt: skip
         rows.append([f"{interval:g} s", f"{gpu_hours:g}", str(len(events)), f"{len(events) / gpu_hours:.2f}",
+                     f"{100 * windowed[0] / scrapes:.0f} %", f"{100 * len(firing) / scrapes:.1f} %",
                      _counts(rules) or "-"])  # fmt: skip
-    text += table(["scrape", "GPU-hours", "events", "per GPU-hour", "rules"], rows)
+    text += table(["scrape", "GPU-hours", "events", "per GPU-hour", "time windowed", "scrapes firing",
+                   "rules fired"], rows)  # fmt: skip
+    text += (
+        "\n*Events*: what the relay raises (a window per event, extended while the rules keep firing, "
+        "closed at `max_window_seconds`); *time windowed*: the share of GPU-scrapes sent at full "
+        "resolution; *scrapes firing*: the share of scrapes where a rule or the score fired.\n"
+    )
     text += (
         f"\n## Incidents injected on the real trace\n\n{args.real_runs} runs per kind and interval, each "
         f"{args.real_minutes:g} min, the incident ({args.real_incident_s:g} s) on GPU run % {REAL_GPUS} at a "

@@ -92,12 +92,12 @@ MODELS: Final = {
         "NVIDIA A100-PCIE-40GB",
         "NVIDIA A100 40GB PCIe product brief PB-10137-001_v03 / A100 data sheet: 250 W, 40 GB HBM2",
     ),
-    "A30": _nvidia(165, 24, "NVIDIA A30", "NVIDIA A30 Tensor Core GPU data sheet: max TDP 165 W, 24 GB HBM2"),
+    "A30": _nvidia(165, 24, "NVIDIA A30", "NVIDIA A30 Tensor Core GPU data sheet: max TDP 165 W, 24 GB"),
     "A2": _nvidia(
         60,
         16,
         "NVIDIA A2",
-        "NVIDIA A2 Tensor Core GPU data sheet: max TDP 40-60 W (configurable), 16 GB GDDR6",
+        "NVIDIA A2 Tensor Core GPU data sheet: max TDP 60 W, 16 GB GDDR6",
     ),
     "L40S": _nvidia(
         350, 48, "NVIDIA L40S", "NVIDIA L40S data sheet: max power consumption 350 W, 48 GB GDDR6"
@@ -114,7 +114,7 @@ MODELS: Final = {
         "NVIDIA RTX A2000 12GB",
     ),
     "RTX A4000": _nvidia(
-        140, 16, "NVIDIA RTX A4000", "NVIDIA RTX A4000 data sheet: max power consumption 140 W, 16 GB GDDR6"
+        140, None, "NVIDIA RTX A4000", "NVIDIA RTX A4000 data sheet: max power consumption 140 W"
     ),
 }
 A100_80GB_PCIE: Final = MODELS["A100 80GB PCIe"]  # the simulator's GPU (its fixture's modelName)

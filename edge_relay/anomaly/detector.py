@@ -6,7 +6,7 @@ Runs per GPU, and per node, on every cycle's scrapes after ``TargetShaper`` and 
 throttle-reason counters; temperature, power or memory over a threshold or rising faster than a slope)
 or-ed with an **EWMA z-score** over the GPU's signals. Standard library only: the sidecar core must not
 need river or scikit-learn. Which series a GPU exporter serves and how they read, its GPU label and
-its default limits are its record's (``vendors``): ``edge_relay.anomaly.signals`` compiles the records'
+its GPU models' limits are its record's (``vendors``): ``edge_relay.anomaly.signals`` compiles the records'
 readings and keeps the score; the node's own detector (node-exporter and Kepler's node power:
 temperature, available memory, memory stalls, power; the same score) is ``edge_relay.anomaly.node``,
 keyed ``node`` (``NODE_KEY``) where a GPU's key is ``vendor:label`` (the GPU exporter's record name).

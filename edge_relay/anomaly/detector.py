@@ -173,11 +173,11 @@ SETTLE_SECONDS: Final = 120.0
 # power within seconds (the real H200: +16 °C in 3 s as a burst starts), so a rise the power does not
 # show is heat that no longer leaves (cooling lost, a stuck fan, a blocked inlet).
 EXPLAIN_SECONDS: Final = 5.0
+EXPLAIN_POWER_RISE: Final = 1.15
+EXPLAIN_UTIL_RISE: Final = 15.0
 # The slope counts within this of the temperature limit: a burst heating a cool die by 10-16 °C (the real
 # H200 at 36 -> 52 °C, its power sample lagging its temperature's at 5 s scrapes) is no fault yet.
 SLOPE_MARGIN_C: Final = 25.0
-EXPLAIN_POWER_RISE: Final = 1.15
-EXPLAIN_UTIL_RISE: Final = 15.0
 # Hardware slowdown without its throttle-reason field (not among dcgm-exporter's defaults): under load
 # the clock at or under this share of the highest clock seen under load (HW slowdown cuts it by 2x or
 # more; the SW power cap moved the real H200 between 1155 and 1965 MHz), on 2 scrapes.
@@ -189,7 +189,7 @@ LEARN_BUSY_SCRAPES: Final = 12
 LEARN_MARGIN: Final = 1.1
 CLIMB_SECONDS: Final = 60.0  # the span of the memory climb (at least 13 scrapes)
 MODEL_SCAN_CYCLES: Final = 3  # cycles the GPU's series are searched for the model label
-HISTORY: Final = 256  # scrapes of (ts, temp, fb, power, util): the slope's span and the power before it
+HISTORY: Final = 96  # scrapes of (ts, temp, fb, power, util): the memory climb's minute at 1 s scrapes
 
 
 class _Gpu:
@@ -365,24 +365,28 @@ class _Gpu:
             self.hist.append((ts, nan if temp is None else temp, nan if fb is None else fb,
                               nan if power is None else power, nan if util is None else util))  # fmt: skip
         h = self.hist
-        if temp is not None and len(h) >= 2:
+        if temp is not None and len(h) >= 2 and temp >= gpu_temp_c - SLOPE_MARGIN_C:
             # A rise over the last slope_seconds (+4.5 °C in 15 s) near the limit that no power or load rise
             # explains: a cooling fault heats a GPU whose work did not change; a job starting heats it
             # with its power.
             since = ts - th.slope_seconds * 1000
-            old = next((t for s, t, *_ in h if s >= since - 1 and t == t), None)
+            old = None
+            for s, t, *_ in reversed(h):  # newest first: the oldest reading within the span
+                if s < since - 1:
+                    break
+                if t == t:
+                    old = t
             if (
                 old is not None
                 and h[0][0] <= since + 1
-                and temp >= gpu_temp_c - SLOPE_MARGIN_C
                 and temp - old >= th.temp_slope_c
                 and not self._load_rose(ts, since)
             ):
                 fired.append(("thermal", "temp_slope"))
-        if total:
+        start = ts - CLIMB_SECONDS * 1000
+        if total and len(h) >= 13 and h[-1][2] - next(f for s, _, f, _, _ in h if s >= start) >= 0.05 * total:
             # Memory used climbing steadily for a minute: >= 5 % of the total, 10 of 12 steps up, no step
             # over 40 % of the rise (a model loading is one or two jumps, a leak is steady).
-            start = ts - CLIMB_SECONDS * 1000
             span = [f for s, _, f, _, _ in h if s >= start]
             # 12 steps over the minute, whatever the scrape interval (at 1 s: every fifth scrape).
             last = [span[round(i * (len(span) - 1) / 12)] for i in range(13)] if len(span) >= 13 else []

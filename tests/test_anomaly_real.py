@@ -97,3 +97,10 @@ def test_a_served_limit_wins_over_the_models_and_a_configured_one_over_both() ->
     th["dcgm"] = dataclasses.replace(DEFAULT_THRESHOLDS["dcgm"], power_limit=400.0)
     g = observe(trace_pages(30), dataclasses.replace(DEFAULTS, thresholds=th)).gpus["dcgm:0"]
     assert g.power_limit(T0_MS, 500.0) == 400.0
+
+
+def test_an_exporter_that_names_no_model_is_reported_too() -> None:
+    pages = [p.replace(b'modelName="NVIDIA H200",', b"") for p in trace_pages(30)]
+    det = observe(pages)
+    assert det.gpus["dcgm:0"].limits is None
+    assert status_fields(det, T0_MS)["anomaly_unknown_models"] == "(no modelName)"

@@ -317,6 +317,8 @@ class _Gpu:
     ) -> None:
         th = self.th
         self.model_scans += 1
+        if self.model_scans == MODEL_SCAN_CYCLES and self.limits is None and self.unknown_model is None:
+            self.unknown_model = f"(no {self.model_label})"  # the exporter names no model: reported too
         if self.first_ms is None:
             self.first_ms = ts
         temp, mem_temp, power, fb = x.get("temp"), x.get("mem_temp"), x.get("power"), x.get("fb")

@@ -39,6 +39,15 @@ would give ``--target-fp`` on that vendor. ``--threshold KEY=VALUE`` / ``--score
 the detector's configuration (as the budget file's ``anomaly.thresholds`` would) to test a value:
 
     .venv/bin/python bench/anomaly_bench.py --vendor jetson --threshold power_fraction=1.03
+
+``--real`` runs the relay's detector on real telemetry instead: the measured H200 trace
+(``bench/data/h200-nvml-training-trace.csv``, looped) served as dcgm-exporter 4.x pages with its default
+fields (``real_page``), 4 GPUs at quarter offsets, 1 s and 5 s scrapes, parsed and shaped as the relay
+does (``replay_real``): false events per GPU-hour with the defaults, and the recall and time to detect
+of incidents injected on top of the real values (``RealIncident``: thermal runaway, hardware slowdown,
+XID burst, memory leak).
+
+    .venv/bin/python bench/anomaly_bench.py --real
 """
 
 from __future__ import annotations

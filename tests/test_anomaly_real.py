@@ -37,6 +37,17 @@ def test_the_real_trace_raises_no_more_than_the_allowed_false_events(
 
 
 @pytest.mark.parametrize("interval_s", [1.0, 5.0])
+def test_a_hotter_gpu_running_the_same_job_raises_nothing(interval_s: float) -> None:
+    # 25 °C hotter (an air-cooled board at 60-78 °C): the bursts now heat it near the limit, where the
+    # slope counts; the power (sampled, and the mean from the energy counter) explains every rise.
+    hot = RealTrace()
+    for row in hot.rows:
+        row["gpu_temp"] += 25
+    events, _ = replay_real(DEFAULTS, interval_s, 1800.0, trace=hot)
+    assert events == [], [ev.describe() for ev in events]
+
+
+@pytest.mark.parametrize("interval_s", [1.0, 5.0])
 def test_a_thermal_runaway_on_the_real_trace_is_caught_on_its_gpu(interval_s: float) -> None:
     incident = RealIncident("thermal", 2, start=300.0, seconds=180.0)
     events, _ = replay_real(DEFAULTS, interval_s, 540.0, incident, trace=TRACE)

@@ -16,7 +16,8 @@ from typing import Final
 # What a GPU exporter's gauges can give the detector (``edge_relay.anomaly.detector`` reads them by these
 # names): GPU and memory temperature (°C), power and the limit the exporter serves (the exporter's unit),
 # utilisation (%), graphics clock, device memory used / free / reserved / total (the exporter's unit),
-# AMD's worst violation residency (% of time held back), and Kepler's per-GPU watts (for watts per load).
+# AMD's worst violation residency (% of time held back), Kepler's per-GPU watts (for watts per load), and
+# the energy counter (J: its rate is the mean power between two scrapes, which no sampled power aliases).
 GAUGE_SIGNALS: Final = frozenset(
     {
         "temp",
@@ -31,6 +32,7 @@ GAUGE_SIGNALS: Final = frozenset(
         "fb_total",
         "violation",
         "kepler_watts",
+        "energy",
     }
 )
 

@@ -168,8 +168,9 @@ LOAD_STEP_POWER: Final = 0.3  # of the larger of two scrapes' power: the load ch
 # until then, and each load state (idle, busy) keeps its own baseline, so a job starting or stopping
 # (utilisation, power, clocks and temperature all moving together) is never an anomaly.
 SETTLE_SECONDS: Final = 120.0
-# A temperature rise is explained (a job starting, not a fault) when the power (or the utilisation) over
-# the last EXPLAIN_SECONDS is above what it was around the start of the rise: a GPU's die follows its
+# A temperature rise is explained (a job starting, not a fault) when the power (sampled, or the mean from
+# the energy counter; or the utilisation) over the last EXPLAIN_SECONDS is above what it was around the
+# start of the rise: a GPU's die follows its
 # power within seconds (the real H200: +16 °C in 3 s as a burst starts), so a rise the power does not
 # show is heat that no longer leaves (cooling lost, a stuck fan, a blocked inlet).
 EXPLAIN_SECONDS: Final = 5.0
@@ -211,7 +212,9 @@ class _Gpu:
         self.prev_counters: dict[tuple[str, Labels], float] = {}
         self.prev_xid = 0.0
         self.prev_status: dict[Labels, float] = {}
-        self.hist: deque[tuple[int, float, float, float, float]] = deque(maxlen=HISTORY)
+        # (ts, temp, fb, power, util, the mean power since the scrape before from the energy counter)
+        self.hist: deque[tuple[int, float, float, float, float, float]] = deque(maxlen=HISTORY)
+        self.last_energy: tuple[int, float] | None = None
         self.hot = self.capped = self.over_score = self.violating = 0
         self.ewmas: dict[str, Ewma] = {}  # per load state
         self.load_state = "any"  # idle | busy; "any" without a utilisation signal
@@ -279,12 +282,12 @@ class _Gpu:
         then_p: list[float] = []
         now_u: list[float] = []
         then_u: list[float] = []
-        for s, _, _, p, u in self.hist:
+        for s, _, _, p, u, mean in self.hist:
             if s > ts - span:
-                now_p.append(p)
+                now_p += (p, mean)
                 now_u.append(u)
             elif abs(s - since) <= span:
-                then_p.append(p)
+                then_p += (p, mean)
                 then_u.append(u)
         now_p, then_p = [p for p in now_p if p == p], [p for p in then_p if p == p]
         if now_p and then_p and max(now_p) >= EXPLAIN_POWER_RISE * min(then_p):
@@ -362,10 +365,18 @@ class _Gpu:
             total = fb + x["fb_free"] + x.get("fb_reserved", 0.0)
         if fb is not None and total and fb >= th.memory_fraction * total:
             fired.append(("memory", f"memory>={th.memory_fraction:g}xtotal"))
+        mean_power = math.nan
+        energy = x.get("energy")
+        if energy is not None:
+            last = self.last_energy
+            if last is not None and ts > last[0] and energy >= last[1]:
+                mean_power = (energy - last[1]) * 1000 / (ts - last[0])
+            self.last_energy = (ts, energy)
         if temp is not None or fb is not None:
             nan = math.nan
             self.hist.append((ts, nan if temp is None else temp, nan if fb is None else fb,
-                              nan if power is None else power, nan if util is None else util))  # fmt: skip
+                              nan if power is None else power, nan if util is None else util,
+                              mean_power))  # fmt: skip
         h = self.hist
         if temp is not None and len(h) >= 2 and temp >= gpu_temp_c - SLOPE_MARGIN_C:
             # A rise over the last slope_seconds (+4.5 °C in 15 s) near the limit that no power or load rise
@@ -386,10 +397,10 @@ class _Gpu:
             ):
                 fired.append(("thermal", "temp_slope"))
         start = ts - CLIMB_SECONDS * 1000
-        if total and len(h) >= 13 and h[-1][2] - next(f for s, _, f, _, _ in h if s >= start) >= 0.05 * total:
+        if total and len(h) >= 13 and h[-1][2] - next(f for s, _, f, *_ in h if s >= start) >= 0.05 * total:
             # Memory used climbing steadily for a minute: >= 5 % of the total, 10 of 12 steps up, no step
             # over 40 % of the rise (a model loading is one or two jumps, a leak is steady).
-            span = [f for s, _, f, _, _ in h if s >= start]
+            span = [f for s, _, f, *_ in h if s >= start]
             # 12 steps over the minute, whatever the scrape interval (at 1 s: every fifth scrape).
             last = [span[round(i * (len(span) - 1) / 12)] for i in range(13)] if len(span) >= 13 else []
             if last and all(f == f for f in last):

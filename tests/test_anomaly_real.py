@@ -39,7 +39,7 @@ def test_the_real_trace_raises_no_more_than_the_allowed_false_events(
 @pytest.mark.parametrize("interval_s", [1.0, 5.0])
 def test_a_hotter_gpu_running_the_same_job_raises_nothing(interval_s: float) -> None:
     # 25 °C hotter (an air-cooled board at 60-78 °C): the bursts now heat it near the limit, where the
-    # slope counts; the power (sampled, and the mean from the energy counter) explains every rise.
+    # slope counts; the power explains each rise, and a burst sampled at its peak is a single scrape.
     hot = RealTrace()
     for row in hot.rows:
         row["gpu_temp"] += 25

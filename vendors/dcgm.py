@@ -193,7 +193,6 @@ RECORD: Final = Exporter(
             Gauge("DCGM_FI_DEV_MEMORY_TEMP", "mem_temp"),
             Gauge("DCGM_FI_DEV_POWER_USAGE", "power"),
             Gauge("DCGM_FI_DEV_POWER_MGMT_LIMIT", "power_limit"),
-            Gauge("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "energy", scale=0.001),  # mJ
             Gauge("DCGM_FI_DEV_FB_USED", "fb"),
             Gauge("DCGM_FI_DEV_FB_FREE", "fb_free"),
             Gauge("DCGM_FI_DEV_FB_RESERVED", "fb_reserved"),

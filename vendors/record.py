@@ -16,8 +16,7 @@ from typing import Final
 # What a GPU exporter's gauges can give the detector (``edge_relay.anomaly.detector`` reads them by these
 # names): GPU and memory temperature (°C), power and the limit the exporter serves (the exporter's unit),
 # utilisation (%), graphics clock, device memory used / free / reserved / total (the exporter's unit),
-# AMD's worst violation residency (% of time held back), Kepler's per-GPU watts (for watts per load), and
-# the energy counter (J: its rate is the mean power between two scrapes, which no sampled power aliases).
+# AMD's worst violation residency (% of time held back), and Kepler's per-GPU watts (for watts per load).
 GAUGE_SIGNALS: Final = frozenset(
     {
         "temp",
@@ -32,7 +31,6 @@ GAUGE_SIGNALS: Final = frozenset(
         "fb_total",
         "violation",
         "kepler_watts",
-        "energy",
     }
 )
 

@@ -168,9 +168,8 @@ LOAD_STEP_POWER: Final = 0.3  # of the larger of two scrapes' power: the load ch
 # until then, and each load state (idle, busy) keeps its own baseline, so a job starting or stopping
 # (utilisation, power, clocks and temperature all moving together) is never an anomaly.
 SETTLE_SECONDS: Final = 120.0
-# A temperature rise is explained (a job starting, not a fault) when the power (sampled, or the mean from
-# the energy counter; or the utilisation) over the last EXPLAIN_SECONDS is above what it was around the
-# start of the rise: a GPU's die follows its
+# A temperature rise is explained (a job starting, not a fault) when the power (or the utilisation) over
+# the last EXPLAIN_SECONDS is above what it was around the start of the rise: a GPU's die follows its
 # power within seconds (the real H200: +16 °C in 3 s as a burst starts), so a rise the power does not
 # show is heat that no longer leaves (cooling lost, a stuck fan, a blocked inlet).
 EXPLAIN_SECONDS: Final = 5.0
@@ -179,6 +178,9 @@ EXPLAIN_UTIL_RISE: Final = 15.0
 # The slope counts within this of the temperature limit: a burst heating a cool die by 10-16 °C (the real
 # H200 at 36 -> 52 °C, its power sample lagging its temperature's at 5 s scrapes) is no fault yet.
 SLOPE_MARGIN_C: Final = 25.0
+# On 2 scrapes in a row: a burst sampled at its peak (its power sample lagging) is one scrape; heat that
+# no longer leaves keeps rising.
+SLOPE_SCRAPES: Final = 2
 # Hardware slowdown without its throttle-reason field (not among dcgm-exporter's defaults): under load
 # the clock at or under this share of the highest clock seen under load (HW slowdown cuts it by 2x or
 # more; the SW power cap moved the real H200 between 1155 and 1965 MHz), on 2 scrapes.
@@ -212,9 +214,7 @@ class _Gpu:
         self.prev_counters: dict[tuple[str, Labels], float] = {}
         self.prev_xid = 0.0
         self.prev_status: dict[Labels, float] = {}
-        # (ts, temp, fb, power, util, the mean power since the scrape before from the energy counter)
-        self.hist: deque[tuple[int, float, float, float, float, float]] = deque(maxlen=HISTORY)
-        self.last_energy: tuple[int, float] | None = None
+        self.hist: deque[tuple[int, float, float, float, float]] = deque(maxlen=HISTORY)
         self.hot = self.capped = self.over_score = self.violating = 0
         self.ewmas: dict[str, Ewma] = {}  # per load state
         self.load_state = "any"  # idle | busy; "any" without a utilisation signal
@@ -226,6 +226,7 @@ class _Gpu:
         self.busy_scrapes = 0
         self.busy_clock = 0.0  # the highest clock seen under load
         self.slow = 0  # scrapes in a row with the clock cut under load
+        self.sloping = 0  # scrapes in a row with an unexplained rise near the limit
         self.score = 0.0
         self.series: set[Labels] = set()
         self.window_end_ms = 0  # full resolution until then (0: no window)
@@ -282,12 +283,12 @@ class _Gpu:
         then_p: list[float] = []
         now_u: list[float] = []
         then_u: list[float] = []
-        for s, _, _, p, u, mean in self.hist:
+        for s, _, _, p, u in self.hist:
             if s > ts - span:
-                now_p += (p, mean)
+                now_p.append(p)
                 now_u.append(u)
             elif abs(s - since) <= span:
-                then_p += (p, mean)
+                then_p.append(p)
                 then_u.append(u)
         now_p, then_p = [p for p in now_p if p == p], [p for p in then_p if p == p]
         if now_p and then_p and max(now_p) >= EXPLAIN_POWER_RISE * min(then_p):
@@ -365,18 +366,10 @@ class _Gpu:
             total = fb + x["fb_free"] + x.get("fb_reserved", 0.0)
         if fb is not None and total and fb >= th.memory_fraction * total:
             fired.append(("memory", f"memory>={th.memory_fraction:g}xtotal"))
-        mean_power = math.nan
-        energy = x.get("energy")
-        if energy is not None:
-            last = self.last_energy
-            if last is not None and ts > last[0] and energy >= last[1]:
-                mean_power = (energy - last[1]) * 1000 / (ts - last[0])
-            self.last_energy = (ts, energy)
         if temp is not None or fb is not None:
             nan = math.nan
             self.hist.append((ts, nan if temp is None else temp, nan if fb is None else fb,
-                              nan if power is None else power, nan if util is None else util,
-                              mean_power))  # fmt: skip
+                              nan if power is None else power, nan if util is None else util))  # fmt: skip
         h = self.hist
         if temp is not None and len(h) >= 2 and temp >= gpu_temp_c - SLOPE_MARGIN_C:
             # A rise over the last slope_seconds (+4.5 °C in 15 s) near the limit that no power or load rise
@@ -389,13 +382,17 @@ class _Gpu:
                     break
                 if t == t:
                     old = t
-            if (
+            rising = (
                 old is not None
                 and h[0][0] <= since + 1
                 and temp - old >= th.temp_slope_c
                 and not self._load_rose(ts, since)
-            ):
+            )
+            self.sloping = self.sloping + 1 if rising else 0
+            if self.sloping >= SLOPE_SCRAPES:
                 fired.append(("thermal", "temp_slope"))
+        else:
+            self.sloping = 0
         start = ts - CLIMB_SECONDS * 1000
         if total and len(h) >= 13 and h[-1][2] - next(f for s, _, f, *_ in h if s >= start) >= 0.05 * total:
             # Memory used climbing steadily for a minute: >= 5 % of the total, 10 of 12 steps up, no step

@@ -13,8 +13,10 @@ module holding one ``record.Exporter``:
 A record holds the exporter's budget presets (name matchers, the ``-critical`` subset, the counters it
 serves without a counter suffix), and for a GPU exporter its ``GpuSignals``: which series are its GPUs',
 the GPU label(s), how each series reads (``Gauge`` into a signal, ``Counter``, ``Code``, ``Bits``,
-``Flag``, ``State`` events), the rule defaults and the limits per GPU model (``ModelLimits``, keyed by
-model name; the detector uses ``default_model``'s); its ``gpu:*`` recording rules; its sample pages (the
+``Flag``, ``State`` events), the rule defaults and each GPU model's own limits (``ModelLimits``: power
+limit, memory, temperatures where published, each citing its data sheet; found by ``GpuSignals.model``
+from the name the exporter serves in its model label; a record whose exporter names no model has a
+``default_model``); its ``gpu:*`` recording rules; its sample pages (the
 simulator's fixtures) and the hwmon chip names of its GPUs. ``record`` is the shape, data only;
 ``registry`` lists the records in order and derives what the relay reads of them all (``PRESETS``,
 ``PRESET_COUNTERS``, ``GPUS``, ``PRESET_GPUS``, ``HWMON_GPU_CHIPS``).

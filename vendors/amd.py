@@ -26,12 +26,14 @@ from vendors.record import (
 
 SAMPLE: Final = "amd-device-metrics-exporter-sample.prom"
 
-# The simulator's GPU (2 x MI300X on edge-gpu-02); its figures are the detector's defaults.
+# The GPU models' own limits, from AMD's data sheets (``source``). ``card_model`` is a board part number:
+# ``served_as`` lists the ones known (the sample's MI300X boards). MI210 and others without a found source
+# are left out: they get a learned limit.
 MI300X: Final = ModelLimits(
-    gpu_temp_c=95.0,
-    memory_temp_c=90.0,
-    power_limit=750.0,  # the OAM board's
-    source="the detector's defaults (bench/anomaly_bench.py --vendor amd); 750 W OAM board",
+    power_limit=750.0,
+    memory_bytes=192 << 30,
+    served_as=("102-G30211-0C", "AMD Instinct MI300X"),
+    source="AMD Instinct MI300X data sheet: 750 W peak board power (OAM), 192 GB HBM3",
 )
 
 
@@ -92,10 +94,9 @@ RECORD: Final = Exporter(
         strip_prefix="amd_",
         model_label="card_model",
         models={"MI300X": MI300X},
-        default_model="MI300X",
         # Memory 0.96: an inference server's GPU holds 89-95% of its VRAM on an ordinary day
         # (bench/anomaly_bench.py --vendor amd: precision 0.44 -> 0.94 on power-cap runs, recall unchanged).
-        rules=RuleDefaults(power_fraction=0.97, memory_fraction=0.96),
+        rules=RuleDefaults(power_fraction=0.97, memory_fraction=0.96, gpu_temp_c=95.0, memory_temp_c=90.0),
         readings=(
             Gauge("gpu_junction_temperature", "temp"),
             Gauge("gpu_memory_temperature", "mem_temp"),

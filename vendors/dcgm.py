@@ -29,19 +29,101 @@ from vendors.record import (
 
 SAMPLE: Final = "dcgm-exporter-sample.prom"
 
-# The simulator's and the fixture's GPU; its figures are the detector's defaults (the bench's rules:all).
-A100_80GB_PCIE: Final = ModelLimits(
-    gpu_temp_c=85.0,
-    memory_temp_c=92.0,
-    power_limit=300.0,
-    memory_bytes=80 << 30,
-    served_as=("NVIDIA A100 80GB PCIe",),
-    source="the detector's defaults (bench/anomaly_bench.py rules:all); 300 W board, 80 GiB",
-)
+GIB: Final = 1 << 30
 
-# Clock throttle / clock event reasons that are faults: SW power cap 0x4, HW slowdown 0x8, SW / HW thermal
-# 0x20 / 0x40, power brake 0x80 (idle, application clocks and sync boost are ordinary).
-THROTTLE_MASK: Final = 0xEC
+
+def _nvidia(power_w: float, memory_gib: int | None, served: str, source: str, *also: str) -> ModelLimits:
+    return ModelLimits(
+        power_limit=power_w,
+        memory_bytes=None if memory_gib is None else memory_gib * GIB,
+        served_as=(served, *also),
+        source=source,
+    )
+
+
+# The GPU models' own limits, from NVIDIA's data sheets and product briefs (``source``; the pages where
+# the figure was read are listed in docs/anomaly-detection.md, "GPU models"). ``served_as``: the model
+# names NVML gives (dcgm-exporter's ``modelName``). Models whose figures no source was found for (RTX
+# A5000 / A6000, GeForce) are left out: they get a learned limit, never a neighbour's.
+MODELS: Final = {
+    "H200 SXM": _nvidia(
+        700, 141, "NVIDIA H200", "NVIDIA H200 Tensor Core GPU data sheet: H200 SXM up to 700 W, 141 GB HBM3e"
+    ),
+    "H200 NVL": _nvidia(
+        600,
+        141,
+        "NVIDIA H200 NVL",
+        "NVIDIA H200 Tensor Core GPU data sheet: H200 NVL up to 600 W, 141 GB HBM3e",
+    ),
+    "H100 SXM": _nvidia(
+        700,
+        80,
+        "NVIDIA H100 80GB HBM3",
+        "NVIDIA H100 Tensor Core GPU data sheet: H100 SXM up to 700 W, 80 GB",
+        "NVIDIA H100 SXM5 80GB",
+    ),
+    "H100 PCIe": _nvidia(
+        350,
+        80,
+        "NVIDIA H100 PCIe",
+        "NVIDIA H100 PCIe GPU product brief PB-11133-001_v02: maximum TDP 350 W, 80 GB",
+    ),
+    "A100 SXM4 80GB": _nvidia(
+        400,
+        80,
+        "NVIDIA A100-SXM4-80GB",
+        "NVIDIA A100 Tensor Core GPU data sheet: A100 80GB SXM max TDP 400 W",
+    ),
+    "A100 SXM4 40GB": _nvidia(
+        400,
+        40,
+        "NVIDIA A100-SXM4-40GB",
+        "NVIDIA A100 Tensor Core GPU data sheet: A100 40GB SXM max TDP 400 W",
+    ),
+    "A100 80GB PCIe": _nvidia(
+        300,
+        80,
+        "NVIDIA A100 80GB PCIe",
+        "NVIDIA A100 80GB PCIe GPU product brief PB-10577-001_v03: 300 W, 80 GB HBM2e",
+    ),
+    "A100 PCIe 40GB": _nvidia(
+        250,
+        40,
+        "NVIDIA A100-PCIE-40GB",
+        "NVIDIA A100 40GB PCIe product brief PB-10137-001_v03 / A100 data sheet: 250 W, 40 GB HBM2",
+    ),
+    "A30": _nvidia(165, 24, "NVIDIA A30", "NVIDIA A30 Tensor Core GPU data sheet: max TDP 165 W, 24 GB"),
+    "A2": _nvidia(
+        60,
+        16,
+        "NVIDIA A2",
+        "NVIDIA A2 Tensor Core GPU data sheet: max TDP 60 W, 16 GB GDDR6",
+    ),
+    "L40S": _nvidia(
+        350, 48, "NVIDIA L40S", "NVIDIA L40S data sheet: max power consumption 350 W, 48 GB GDDR6"
+    ),
+    "L4": _nvidia(72, 24, "NVIDIA L4", "NVIDIA L4 Tensor Core GPU data sheet: max TDP 72 W, 24 GB GDDR6"),
+    "T4": _nvidia(
+        70, 16, "Tesla T4", "NVIDIA T4 product brief: 70 W maximum power limit, 16 GB GDDR6", "NVIDIA T4"
+    ),
+    "RTX A2000": _nvidia(
+        70,
+        None,
+        "NVIDIA RTX A2000",
+        "NVIDIA RTX A2000 data sheet: max power consumption 70 W",
+        "NVIDIA RTX A2000 12GB",
+    ),
+    "RTX A4000": _nvidia(
+        140, None, "NVIDIA RTX A4000", "NVIDIA RTX A4000 data sheet: max power consumption 140 W"
+    ),
+}
+A100_80GB_PCIE: Final = MODELS["A100 80GB PCIe"]  # the simulator's GPU (its fixture's modelName)
+
+# Clock throttle / clock event reasons that are faults (NVML's nvmlClocksThrottleReasons, DCGM's
+# DCGM_CLOCKS_THROTTLE_REASON_*): HW slowdown 0x8, SW thermal 0x20, HW thermal 0x40, HW power brake 0x80.
+# Ordinary: idle 0x1, application clocks 0x2, sync boost 0x10, and the SW power cap 0x4, which a GPU at
+# full load holds most of the time (the real H200 trace: most of every epoch).
+THROTTLE_MASK: Final = 0xE8
 
 # The recording rules' power limit where the exporter serves no DCGM_FI_DEV_POWER_MGMT_LIMIT: 280 W alerts.
 NOMINAL_POWER_LIMIT_W: Final = 295
@@ -102,9 +184,8 @@ RECORD: Final = Exporter(
         owns=_owns,
         gpu_labels=("gpu",),
         model_label="modelName",
-        models={"A100 80GB PCIe": A100_80GB_PCIE},
-        default_model="A100 80GB PCIe",
-        rules=RuleDefaults(power_fraction=0.97, memory_fraction=0.95),
+        models=MODELS,
+        rules=RuleDefaults(power_fraction=0.97, memory_fraction=0.95, gpu_temp_c=85.0, memory_temp_c=92.0),
         pods=PodJoin(series_prefix="DCGM_"),
         readings=(
             Gauge("kepler_node_gpu_watts", "kepler_watts"),

@@ -27,14 +27,25 @@ from vendors.record import (
 
 SAMPLE: Final = "intel-xpumd-sample.prom"
 
-# The simulator's GPU (2 x Flex 170 on edge-gpu-03). No default power limit: its TBP is 150 W, but boards
-# run configured above it (the fixture's draws 168 W); set anomaly.thresholds.power_limit to use one.
+# The GPU models' own limits (``source``). Flex 170 carries no power limit on purpose: its TBP is 150 W,
+# but boards run configured above it (the fixture's draws 168 W); set anomaly.thresholds.power_limit to
+# use one. Flex 140 and others without a found source are left out: they get a learned limit.
 FLEX_170: Final = ModelLimits(
-    gpu_temp_c=90.0,
-    memory_temp_c=None,
     power_limit=None,
     served_as=("Intel(R) Data Center GPU Flex 170",),
-    source="the detector's defaults (bench/anomaly_bench.py --vendor intel)",
+    source="no power limit: boards run above the 150 W TBP (the simulator's fixture draws 168 W)",
+)
+MAX_1550: Final = ModelLimits(
+    power_limit=600.0,
+    memory_bytes=128 << 30,
+    served_as=("Intel(R) Data Center GPU Max 1550",),
+    source="Intel Data Center GPU Max 1550 product page: 600 W TBP, 128 GB HBM2e",
+)
+MAX_1100: Final = ModelLimits(
+    power_limit=300.0,
+    memory_bytes=48 << 30,
+    served_as=("Intel(R) Data Center GPU Max 1100",),
+    source="Intel Data Center GPU Max 1100 product page: 300 W TBP, 48 GB HBM2e",
 )
 # The recording rules' power limit (the exporters serve no usable one): Flex 170's TBP.
 NOMINAL_POWER_LIMIT_W: Final = 150
@@ -81,9 +92,12 @@ RECORD: Final = Exporter(
         owns=_owns,
         gpu_labels=("hw_id", "device_id"),
         model_label="hw_model",
-        models={"Data Center GPU Flex 170": FLEX_170},
-        default_model="Data Center GPU Flex 170",
-        rules=RuleDefaults(power_fraction=0.97, memory_fraction=0.95),
+        models={
+            "Data Center GPU Flex 170": FLEX_170,
+            "Data Center GPU Max 1550": MAX_1550,
+            "Data Center GPU Max 1100": MAX_1100,
+        },
+        rules=RuleDefaults(power_fraction=0.97, memory_fraction=0.95, gpu_temp_c=90.0, memory_temp_c=None),
         readings=(
             Gauge("hw_temperature_celsius", "temp", when=(label("hw_sensor_location", "gpu"),)),
             Gauge("hw_gpu_utilization_ratio", "util", scale=100.0),

@@ -24,14 +24,25 @@ from vendors.record import (
 
 SAMPLE: Final = "jetson-stats-exporter-sample.prom"
 
-# The simulator's module (edge-orin-01), 15 W mode. No power rule: its ordinary draw is 14.1-15.4 W, a
-# capped one the same (the bench: 5.25 false events per GPU-hour at 0.95 x 15 W, 2.38 at 1.03); set
-# anomaly.thresholds.power_limit to use one.
+# The modules' own limits (``source``; mW, as the exporter serves power). The exporter names no module, so
+# the detector reads ``default_model``'s: the simulator's module (edge-orin-01, 15 W mode), without a power
+# rule: its ordinary draw is 14.1-15.4 W, a capped one the same (the bench: 5.25 false events per GPU-hour
+# at 0.95 x 15 W, 2.38 at 1.03); set anomaly.thresholds.power_limit to use one. Orin NX has no found
+# source and is left out.
 ORIN_NANO_8GB: Final = ModelLimits(
-    gpu_temp_c=90.0,
-    memory_temp_c=None,
     power_limit=None,
-    source="the detector's defaults (bench/anomaly_bench.py --vendor jetson)",
+    memory_bytes=8 << 30,
+    source="Jetson Orin Nano series data sheet: 8 GB LPDDR5 (power modes 7-15 W, 25 W with MAXN SUPER)",
+)
+AGX_ORIN_64GB: Final = ModelLimits(
+    power_limit=60000.0,
+    memory_bytes=64 << 30,
+    source="Jetson AGX Orin series module data sheet: JAO 64GB maximum module power up to 60 W",
+)
+AGX_ORIN_32GB: Final = ModelLimits(
+    power_limit=40000.0,
+    memory_bytes=32 << 30,
+    source="Jetson AGX Orin series module data sheet: JAO 32GB maximum module power up to 40 W",
 )
 # The recording rules' power limit (the exporter serves none): Orin Nano 8GB in MAXN SUPER (AGX Orin: 60 W).
 NOMINAL_POWER_LIMIT_W: Final = 25
@@ -66,9 +77,13 @@ RECORD: Final = Exporter(
     },
     gpu=GpuSignals(
         owns=_SIGNAL_FAMILIES.__contains__,
-        models={"Orin Nano 8GB": ORIN_NANO_8GB},
+        models={
+            "Orin Nano 8GB": ORIN_NANO_8GB,
+            "AGX Orin 64GB": AGX_ORIN_64GB,
+            "AGX Orin 32GB": AGX_ORIN_32GB,
+        },
         default_model="Orin Nano 8GB",
-        rules=RuleDefaults(power_fraction=0.95, memory_fraction=0.95),
+        rules=RuleDefaults(power_fraction=0.95, memory_fraction=0.95, gpu_temp_c=90.0, memory_temp_c=None),
         readings=(
             Gauge("temperature_C", "temp", when=(label("statistic", "tj"),)),
             Gauge("integrated_power_mW", "power", when=(label("statistic", "power"),)),

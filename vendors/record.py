@@ -143,24 +143,37 @@ Reading = Gauge | Counter | Code | Bits | Flag | State
 
 @dataclass(frozen=True, slots=True)
 class ModelLimits:
-    """One GPU model's limits, in its exporter's units. Today's figures are the detector's defaults (the
-    bench's calibration); data-sheet figures per model go here, citing ``source``."""
+    """One GPU model's own limits, in its exporter's units, from its vendor's data sheet (``source`` names
+    it). None: no published figure was found; the rule then reads a served, configured or learned limit
+    (power) or the record's ``RuleDefaults`` (temperatures), never another model's figure."""
 
-    gpu_temp_c: float  # the GPU (junction, tj) temperature that alarms
-    memory_temp_c: float | None  # the memory's; None: the exporter serves no memory temperature
-    power_limit: float | None  # the board's (W; Jetson mW); None: only a served or configured limit
+    power_limit: float | None  # the board's maximum power: TDP / TBP / TGP (W; Jetson: the module's, mW)
     memory_bytes: int | None = None  # device memory (Jetson: the module's RAM)
+    gpu_temp_c: float | None = None  # the published slowdown / maximum operating temperature
+    memory_temp_c: float | None = None
     served_as: tuple[str, ...] = ()  # the values of the record's model label that name this model
     source: str = ""
 
 
+def model_key(name: str) -> str:
+    """A model name as compared: case, the vendor's brand words and punctuation do not count
+    (``NVIDIA A100-SXM4-80GB`` and ``A100 SXM4 80GB`` are one model)."""
+    key = name.lower()
+    for brand in ("nvidia", "intel(r)", "intel", "amd", "tesla"):
+        key = key.replace(brand, "")
+    return "".join(ch for ch in key if ch.isalnum())
+
+
 @dataclass(frozen=True, slots=True)
 class RuleDefaults:
-    """How the detector's rules read a vendor's limits (the bench's calibration per vendor)."""
+    """How the detector's rules read a vendor's GPUs (the bench's calibration per vendor): the fractions of
+    the limits, and the temperatures that alarm where the model's data sheet gives none."""
 
     power_fraction: float  # of the power limit, on 3 scrapes
     memory_fraction: float  # of the total memory
-    temp_slope_c: float = 4.5  # a rise within slope_seconds that fires
+    gpu_temp_c: float  # the GPU (junction, tj) temperature that alarms, on 2 scrapes
+    memory_temp_c: float | None  # the memory's; None: the exporter serves no memory temperature
+    temp_slope_c: float = 4.5  # a rise within slope_seconds that fires when no power rise explains it
     slope_seconds: float = 15.0
 
 
@@ -182,26 +195,35 @@ class GpuSignals:
     ``owns(name)``: whether a metric is one of this exporter's GPU series (the records' are disjoint);
     ``gpu_labels``: the label(s) naming the GPU, the first non-empty one wins, none: one GPU per node
     (``"0"``); ``strip_prefix``: removed from a name before it is looked up in ``readings`` (AMD's Helm
-    chart prefix); ``models``: limits per GPU model (keyed by model name), the detector using
-    ``default_model``'s; ``model_label``: the label (or info series' label) that names the model."""
+    chart prefix); ``models``: limits per GPU model (keyed by model name), found by ``model`` from the
+    value of ``model_label`` (the label, on the GPU's series, that names the model); ``default_model``:
+    the model of an exporter that names none (Jetson's serves one module per node and no model name)."""
 
     owns: Callable[[str], bool]
     readings: tuple[Reading, ...]
     rules: RuleDefaults
     models: Mapping[str, ModelLimits]
-    default_model: str
+    default_model: str | None = None
     gpu_labels: tuple[str, ...] = ()
     strip_prefix: str = ""
     model_label: str | None = None
     pods: PodJoin | None = None
 
     def __post_init__(self) -> None:
-        if self.default_model not in self.models:
+        if self.default_model is not None and self.default_model not in self.models:
             raise ValueError(f"default_model {self.default_model!r} is not in models")
 
     @property
-    def default_limits(self) -> ModelLimits:
-        return self.models[self.default_model]
+    def default_limits(self) -> ModelLimits | None:
+        return None if self.default_model is None else self.models[self.default_model]
+
+    def model(self, served: str) -> tuple[str, ModelLimits] | None:
+        """The model a value of ``model_label`` names (its name, its limits); None: a model not listed."""
+        want = model_key(served)
+        for name, limits in self.models.items():
+            if want == model_key(name) or any(want == model_key(s) for s in limits.served_as):
+                return name, limits
+        return None
 
     def gpu_key(self, labels: tuple[tuple[str, str], ...]) -> str | None:
         """The GPU a series is about (its GPU label's value); None: no GPU's (e.g. Kepler 0.7's)."""

@@ -6,7 +6,7 @@ Runs per GPU, and per node, on every cycle's scrapes after ``TargetShaper`` and 
 throttle-reason counters; temperature, power or memory over a threshold or rising faster than a slope)
 or-ed with an **EWMA z-score** over the GPU's signals. Standard library only: the sidecar core must not
 need river or scikit-learn. Which series a GPU exporter serves and how they read, its GPU label and
-its default limits are its record's (``vendors``): ``edge_relay.anomaly.signals`` compiles the records'
+its GPU models' limits are its record's (``vendors``): ``edge_relay.anomaly.signals`` compiles the records'
 readings and keeps the score; the node's own detector (node-exporter and Kepler's node power:
 temperature, available memory, memory stalls, power; the same score) is ``edge_relay.anomaly.node``,
 keyed ``node`` (``NODE_KEY``) where a GPU's key is ``vendor:label`` (the GPU exporter's record name).
@@ -53,6 +53,7 @@ from edge_relay.anomaly.signals import (
 from relay_common.config import ConfigError
 from schemas.model import Labels, metric_name
 from vendors import kepler, registry
+from vendors.record import ModelLimits
 
 log = logging.getLogger("edge_relay.anomaly")
 
@@ -158,6 +159,42 @@ class Event:
         return f"gpu={self.gpu} kind={self.kind} rule={self.rule} at_ms={self.at_ms}"
 
 
+# How a GPU works, for the rules and the score (docs/anomaly-detection.md, "Rules that know a GPU"):
+BUSY_UTIL: Final = 60.0  # % utilisation at or over: under load
+IDLE_UTIL: Final = 20.0  # % at or under: idle (in between: the state it was in)
+LOAD_STEP_UTIL: Final = 25.0  # % points between two scrapes: the load changed
+LOAD_STEP_POWER: Final = 0.3  # of the larger of two scrapes' power: the load changed
+# After a load change the temperature settles for a minute or two: the score neither counts nor learns
+# until then, and each load state (idle, busy) keeps its own baseline, so a job starting or stopping
+# (utilisation, power, clocks and temperature all moving together) is never an anomaly.
+SETTLE_SECONDS: Final = 120.0
+# A temperature rise is explained (a job starting, not a fault) when the power (or the utilisation) over
+# the last EXPLAIN_SECONDS is above what it was around the start of the rise: a GPU's die follows its
+# power within seconds (the real H200: +16 °C in 3 s as a burst starts), so a rise the power does not
+# show is heat that no longer leaves (cooling lost, a stuck fan, a blocked inlet).
+EXPLAIN_SECONDS: Final = 5.0
+EXPLAIN_POWER_RISE: Final = 1.15
+EXPLAIN_UTIL_RISE: Final = 15.0
+# The slope counts within this of the temperature limit: a burst heating a cool die by 10-16 °C (the real
+# H200 at 36 -> 52 °C, its power sample lagging its temperature's at 5 s scrapes) is no fault yet.
+SLOPE_MARGIN_C: Final = 25.0
+# On 2 scrapes in a row: a burst sampled at its peak (its power sample lagging) is one scrape; heat that
+# no longer leaves keeps rising.
+SLOPE_SCRAPES: Final = 2
+# Hardware slowdown without its throttle-reason field (not among dcgm-exporter's defaults): under load
+# the clock at or under this share of the highest clock seen under load (HW slowdown cuts it by 2x or
+# more; the SW power cap moved the real H200 between 1155 and 1965 MHz), on 2 scrapes.
+SLOWDOWN_CLOCK_SHARE: Final = 0.5
+# An unknown model's power limit is learned from what it draws under load: the highest power seen at or
+# over BUSY_UTIL, times LEARN_MARGIN, once LEARN_SECONDS of data and LEARN_BUSY_SCRAPES busy scrapes.
+LEARN_SECONDS: Final = 600.0
+LEARN_BUSY_SCRAPES: Final = 12
+LEARN_MARGIN: Final = 1.1
+CLIMB_SECONDS: Final = 60.0  # the span of the memory climb (at least 13 scrapes)
+MODEL_SCAN_CYCLES: Final = 3  # cycles the GPU's series are searched for the model label
+HISTORY: Final = 96  # scrapes of (ts, temp, fb, power, util): the memory climb's minute at 1 s scrapes
+
+
 class _Gpu:
     """One GPU's detector state and its series."""
 
@@ -166,13 +203,30 @@ class _Gpu:
         self.vendor = vendor
         self.th = th
         self.reader = READERS[vendor]
-        self.pods = registry.GPUS[vendor].pods  # None: no workload series join this GPU
+        record = registry.GPUS[vendor]
+        self.pods = record.pods  # None: no workload series join this GPU
+        self.model_label = record.model_label
+        # The model's own limits: the record's default model where the exporter names none (Jetson), else
+        # found from the model label in the first cycles; None: not (yet) known.
+        self.limits: ModelLimits | None = record.default_limits if record.model_label is None else None
+        self.model_scans = 0 if record.model_label is not None else MODEL_SCAN_CYCLES
+        self.unknown_model: str | None = None  # the name served for a model the registry does not list
         self.prev_counters: dict[tuple[str, Labels], float] = {}
         self.prev_xid = 0.0
         self.prev_status: dict[Labels, float] = {}
-        self.hist: deque[tuple[int, float, float]] = deque(maxlen=32)  # (ts, temp, fb)
+        self.hist: deque[tuple[int, float, float, float, float]] = deque(maxlen=HISTORY)
         self.hot = self.capped = self.over_score = self.violating = 0
-        self.ewma = Ewma()
+        self.ewmas: dict[str, Ewma] = {}  # per load state
+        self.load_state = "any"  # idle | busy; "any" without a utilisation signal
+        self.settled_ms = 0  # the score counts from then on
+        self.last_util: float | None = None
+        self.last_power: float | None = None
+        self.first_ms: int | None = None
+        self.learned_max = 0.0
+        self.busy_scrapes = 0
+        self.busy_clock = 0.0  # the highest clock seen under load
+        self.slow = 0  # scrapes in a row with the clock cut under load
+        self.sloping = 0  # scrapes in a row with an unexplained rise near the limit
         self.score = 0.0
         self.series: set[Labels] = set()
         self.window_end_ms = 0  # full resolution until then (0: no window)
@@ -181,22 +235,127 @@ class _Gpu:
         # it keeps firing.
         self.quiet_until_ms = 0
 
+    @property
+    def model_pending(self) -> bool:
+        return self.model_scans < MODEL_SCAN_CYCLES
+
+    def see_labels(self, labels: Labels) -> None:
+        """Looks for the model label on one of the GPU's series (only while ``model_pending``)."""
+        for k, v in labels:
+            if k == self.model_label and v:
+                found = registry.GPUS[self.vendor].model(v)
+                self.limits = None if found is None else found[1]
+                self.unknown_model = v if found is None else None
+                self.model_scans = MODEL_SCAN_CYCLES
+                return
+
+    def power_limit(self, ts: int, served: float | None) -> float | None:
+        """Configured, else served, else the model's data sheet, else (an unknown model) learned."""
+        if self.th.power_limit:
+            return self.th.power_limit
+        if served:
+            return served
+        if self.limits is not None or self.model_label is None:
+            return None if self.limits is None else self.limits.power_limit
+        if (
+            self.first_ms is not None
+            and ts - self.first_ms >= LEARN_SECONDS * 1000
+            and self.busy_scrapes >= LEARN_BUSY_SCRAPES
+        ):
+            return self.learned_max * LEARN_MARGIN
+        return None
+
+    def _temp_limits(self) -> tuple[float, float | None]:
+        """The model's published temperatures where known and the thresholds are the vendor's defaults."""
+        th, limits = self.th, self.limits
+        base = DEFAULT_THRESHOLDS[self.vendor]
+        gpu, mem = th.gpu_temp_c, th.memory_temp_c
+        if limits is not None and limits.gpu_temp_c is not None and gpu == base.gpu_temp_c:
+            gpu = limits.gpu_temp_c
+        if limits is not None and limits.memory_temp_c is not None and mem == base.memory_temp_c:
+            mem = limits.memory_temp_c
+        return gpu, mem
+
+    def _load_rose(self, ts: int, since: float) -> bool:
+        """Whether the power (or the load) of the last seconds is above its level around ``since``."""
+        span = EXPLAIN_SECONDS * 1000
+        now_p: list[float] = []
+        then_p: list[float] = []
+        now_u: list[float] = []
+        then_u: list[float] = []
+        for s, _, _, p, u in self.hist:
+            if s > ts - span:
+                now_p.append(p)
+                now_u.append(u)
+            elif abs(s - since) <= span:
+                then_p.append(p)
+                then_u.append(u)
+        now_p, then_p = [p for p in now_p if p == p], [p for p in then_p if p == p]
+        if now_p and then_p and max(now_p) >= EXPLAIN_POWER_RISE * min(then_p):
+            return True
+        now_u, then_u = [u for u in now_u if u == u], [u for u in then_u if u == u]
+        return bool(now_u and then_u and max(now_u) >= min(then_u) + EXPLAIN_UTIL_RISE)
+
+    def _settle(self, ts: int, util: float | None, power: float | None) -> None:
+        """Tracks the load state; a change of it (or a load step) restarts the score's settling time."""
+        state = self.load_state
+        if util is not None:
+            if util >= BUSY_UTIL:
+                state = "busy"
+            elif util <= IDLE_UTIL or state == "any":
+                state = "idle"
+        step = (
+            util is not None and self.last_util is not None and abs(util - self.last_util) >= LOAD_STEP_UTIL
+        ) or (
+            power is not None
+            and self.last_power is not None
+            and abs(power - self.last_power) >= LOAD_STEP_POWER * max(power, self.last_power)
+        )
+        if state != self.load_state or step:
+            self.settled_ms = ts + round(SETTLE_SECONDS * 1000)
+        self.load_state = state
+        self.last_util, self.last_power = util, power
+
     def evaluate(
         self, ts: int, x: dict[str, float], fired: list[tuple[str, str]], cfg: AnomalyConfig
     ) -> None:
         th = self.th
+        self.model_scans += 1
+        if self.model_scans == MODEL_SCAN_CYCLES and self.limits is None and self.unknown_model is None:
+            self.unknown_model = f"(no {self.model_label})"  # the exporter names no model: reported too
+        if self.first_ms is None:
+            self.first_ms = ts
         temp, mem_temp, power, fb = x.get("temp"), x.get("mem_temp"), x.get("power"), x.get("fb")
-        self.hot = self.hot + 1 if (temp is not None and temp >= th.gpu_temp_c) else 0
+        util = x.get("util")
+        gpu_temp_c, memory_temp_c = self._temp_limits()
+        self.hot = self.hot + 1 if (temp is not None and temp >= gpu_temp_c) else 0
         if self.hot >= 2:
-            fired.append(("thermal", f"gpu_temp>={th.gpu_temp_c:g}"))
-        if mem_temp is not None and th.memory_temp_c is not None and mem_temp >= th.memory_temp_c:
-            fired.append(("thermal", f"memory_temp>={th.memory_temp_c:g}"))
-        limit = x.get("power_limit") or th.power_limit
+            fired.append(("thermal", f"gpu_temp>={gpu_temp_c:g}"))
+        if mem_temp is not None and memory_temp_c is not None and mem_temp >= memory_temp_c:
+            fired.append(("thermal", f"memory_temp>={memory_temp_c:g}"))
+        limit = self.power_limit(ts, x.get("power_limit"))
+        if power is not None and util is not None and util >= BUSY_UTIL:
+            self.learned_max = max(self.learned_max, power)  # after the limit: a new high is compared first
+            self.busy_scrapes += 1
         self.capped = (
             self.capped + 1 if (power is not None and limit and power >= th.power_fraction * limit) else 0
         )
         if self.capped >= 3:
             fired.append(("power", f"power>={th.power_fraction:g}xlimit"))
+        clock = x.get("clock")
+        busy = util is not None and util >= BUSY_UTIL
+        slowed = (
+            busy
+            and clock is not None
+            and self.busy_clock > 0
+            and clock <= SLOWDOWN_CLOCK_SHARE * self.busy_clock
+        )
+        if busy:  # bursty work: the scrapes in between (idle, clocks up) neither count nor reset
+            self.slow = self.slow + 1 if slowed else 0
+        if slowed and self.slow >= 2:
+            fired.append(("throttle", "clock_slowdown"))
+        if busy and clock is not None:
+            self.busy_clock = max(self.busy_clock, clock)
         # AMD: the share of time the GPU was held back (PPT, socket / HBM / VR thermal), for 3 scrapes.
         violation = x.get("violation")
         self.violating = self.violating + 1 if (violation is not None and violation >= 10) else 0
@@ -208,26 +367,54 @@ class _Gpu:
         if fb is not None and total and fb >= th.memory_fraction * total:
             fired.append(("memory", f"memory>={th.memory_fraction:g}xtotal"))
         if temp is not None or fb is not None:
-            self.hist.append((ts, temp if temp is not None else math.nan, fb if fb is not None else math.nan))
+            nan = math.nan
+            self.hist.append((ts, nan if temp is None else temp, nan if fb is None else fb,
+                              nan if power is None else power, nan if util is None else util))  # fmt: skip
         h = self.hist
-        if temp is not None and len(h) >= 2:
-            # The rise over the last slope_seconds (the bench: +4.5 °C in 15 s, three 5 s scrapes).
+        if temp is not None and len(h) >= 2 and temp >= gpu_temp_c - SLOPE_MARGIN_C:
+            # A rise over the last slope_seconds (+4.5 °C in 15 s) near the limit that no power or load rise
+            # explains: a cooling fault heats a GPU whose work did not change; a job starting heats it
+            # with its power.
             since = ts - th.slope_seconds * 1000
-            old = next((t for s, t, _ in h if s >= since - 1 and t == t), None)
-            if old is not None and h[0][0] <= since + 1 and temp - old >= th.temp_slope_c:
+            old = None
+            for s, t, *_ in reversed(h):  # newest first: the oldest reading within the span
+                if s < since - 1:
+                    break
+                if t == t:
+                    old = t
+            rising = (
+                old is not None
+                and h[0][0] <= since + 1
+                and temp - old >= th.temp_slope_c
+                and not self._load_rose(ts, since)
+            )
+            self.sloping = self.sloping + 1 if rising else 0
+            if self.sloping >= SLOPE_SCRAPES:
                 fired.append(("thermal", "temp_slope"))
-        if len(h) >= 13 and total:
-            # Memory used climbing steadily for a minute: >= 5 % of the total, 10 of 12 steps up, no
-            # step over 40 % of the rise (a model loading is one or two jumps, a leak is steady).
-            last = [f for _, _, f in list(h)[-13:]]
-            if all(f == f for f in last):
+        else:
+            self.sloping = 0
+        start = ts - CLIMB_SECONDS * 1000
+        if total and len(h) >= 13 and h[-1][2] - next(f for s, _, f, *_ in h if s >= start) >= 0.05 * total:
+            # Memory used climbing steadily for a minute: >= 5 % of the total, 10 of 12 steps up, no step
+            # over 40 % of the rise (a model loading is one or two jumps, a leak is steady).
+            span = [f for s, _, f, *_ in h if s >= start]
+            # 12 steps over the minute, whatever the scrape interval (at 1 s: every fifth scrape).
+            last = [span[round(i * (len(span) - 1) / 12)] for i in range(13)] if len(span) >= 13 else []
+            if last and all(f == f for f in last):
                 steps = [b - a for a, b in itertools.pairwise(last)]
                 rise = last[-1] - last[0]
                 ups = sum(d > 0.001 * total for d in steps)
                 if rise >= 0.05 * total and ups >= 10 and max(steps) <= 0.4 * rise:
                     fired.append(("memory", "memory_climb"))
+        self._settle(ts, util, power)
         if cfg.score == "ewma":
-            self.score = self.ewma.score(x)
+            if ts >= self.settled_ms:
+                ewma = self.ewmas.get(self.load_state)
+                if ewma is None:
+                    ewma = self.ewmas[self.load_state] = Ewma()
+                self.score = ewma.score(x)
+            else:
+                self.score = 0.0  # settling after a load change: neither counted nor learned
             self.over_score = self.over_score + 1 if self.score > cfg.score_threshold else 0
             if self.over_score >= SCORE_DEBOUNCE:
                 fired.append(("score", f"ewma>{cfg.score_threshold:g}"))
@@ -400,6 +587,8 @@ class Detector:
                     if len(self._gpus) >= MAX_GPUS:
                         continue
                     g = self._gpus[gid] = _Gpu(gid, vendor, self.cfg.thresholds[vendor])
+                if g.model_pending:
+                    g.see_labels(labels)
                 bucket = seen.get(gid)
                 if bucket is None:
                     bucket = seen[gid] = set()
@@ -486,6 +675,10 @@ def status_fields(det: Detector, now_ms: int) -> dict[str, Any]:
     out: dict[str, Any] = {"anomaly_events": det.events_total, "anomaly_windows": len(active)}
     if active:
         out["anomaly_open"] = ",".join(active)[:256]  # which: e.g. "dcgm:1,node"
+    unknown = sorted({g.unknown_model for g in det.gpus.values() if g.unknown_model})
+    if unknown:
+        # Models the registry lists no limits for: their power limit is learned from what they draw.
+        out["anomaly_unknown_models"] = ",".join(unknown)[:256]
     ev = det.last_event
     if ev is not None:
         out["anomaly_last_ms"] = ev.at_ms

@@ -31,14 +31,16 @@ SCORE_DEBOUNCE: Final = 2  # scrapes in a row over the threshold
 
 @dataclass(frozen=True, slots=True)
 class Thresholds:
-    """One vendor's limits; ``None``: that rule is off (the exporter has no such field)."""
+    """One vendor's rule settings (the budget file's ``anomaly.thresholds`` over the record's defaults);
+    ``None``: that rule is off (the exporter has no such field). ``power_limit`` is a configured limit
+    (None by default): it wins over the one the exporter serves, which wins over the model's data sheet."""
 
     gpu_temp_c: float
     memory_temp_c: float | None
-    power_fraction: float  # of the limit (served, else ``power_limit``)
-    power_limit: float | None  # the exporter's unit (W; Jetson mW); None: only a served limit
+    power_fraction: float  # of the limit
+    power_limit: float | None  # the exporter's unit (W; Jetson mW); None: served, model's or learned
     memory_fraction: float  # of the total memory
-    temp_slope_c: float  # rise within ``slope_seconds`` that fires
+    temp_slope_c: float  # rise within ``slope_seconds`` that fires when no power or load rise explains it
     slope_seconds: float
 
 
@@ -77,13 +79,13 @@ class Ewma:
 
 
 def thresholds_of(gpu: GpuSignals) -> Thresholds:
-    """A GPU exporter's default thresholds: its default model's limits, read as its rule defaults say."""
-    limits, rules = gpu.default_limits, gpu.rules
+    """A GPU exporter's default rule settings: its record's rule defaults, no configured power limit."""
+    rules = gpu.rules
     return Thresholds(
-        gpu_temp_c=limits.gpu_temp_c,
-        memory_temp_c=limits.memory_temp_c,
+        gpu_temp_c=rules.gpu_temp_c,
+        memory_temp_c=rules.memory_temp_c,
         power_fraction=rules.power_fraction,
-        power_limit=limits.power_limit,
+        power_limit=None,
         memory_fraction=rules.memory_fraction,
         temp_slope_c=rules.temp_slope_c,
         slope_seconds=rules.slope_seconds,

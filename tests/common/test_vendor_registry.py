@@ -88,14 +88,22 @@ def test_every_series_a_gpu_record_reads_is_its_own_and_kept_by_its_presets(gpu:
                 assert preset_matches(critical, name), f"{name} not in {critical}"
 
 
-def test_every_gpu_record_has_a_default_model_and_its_own_label_and_rules() -> None:
+def test_every_gpu_record_has_cited_models_its_own_label_and_rules() -> None:
     vendors = [r.vendor for r in registry.RECORDS if r.gpu is not None]
     assert len(set(vendors)) == len(vendors) and None not in vendors
     for record in registry.RECORDS:
         if record.gpu is None:
             continue
-        limits = record.gpu.default_limits
-        assert limits.gpu_temp_c > 0 and limits.source
+        gpu = record.gpu
+        assert gpu.rules.gpu_temp_c > 0
+        # A model is found by the name the exporter serves; one that names none has its default model.
+        assert gpu.model_label is not None or gpu.default_limits is not None, record.name
+        for name, limits in gpu.models.items():
+            assert limits.source, f"{record.name}: {name} cites no source"
+            for served in (name, *limits.served_as):
+                found = gpu.model(served)
+                assert found is not None and found[0] == name, (record.name, served)
+        assert gpu.model("Some GPU nobody listed") is None
         assert record.rules, f"{record.name} records no gpu:* series"
         assert record.samples, f"{record.name} has no sample page"
 

@@ -63,7 +63,7 @@ def detect(
 
 @pytest.mark.parametrize(
     ("kind", "bound_ticks", "rules_only_kind"),
-    [("thermal", 2, "thermal"), ("xid", 1, "xid"), ("powercap", 2, "throttle"), ("memleak", 14, "memory")],
+    [("thermal", 2, "thermal"), ("xid", 1, "xid"), ("powercap", 3, "power"), ("memleak", 14, "memory")],
 )
 def test_each_incident_is_detected_on_its_gpu(kind: str, bound_ticks: int, rules_only_kind: str) -> None:
     start = 150

@@ -1,4 +1,4 @@
-"""The GPU detector on real telemetry: the measured H200 trace (``bench/data``) served as dcgm-exporter
+"""The GPU detector on real telemetry: the measured H200 trace (``simulator/data``) served as dcgm-exporter
 4.x pages (``bench/anomaly_bench.py --real``), through the detector with the relay's defaults.
 
 - no more than the allowed false events (one per GPU-hour) at 1 s and 5 s scrapes, although the trace's
@@ -15,11 +15,11 @@ import dataclasses
 
 import pytest
 
-from bench.anomaly_bench import T0_MS, RealIncident, RealTrace, real_page, replay_real
 from edge_relay.anomaly.detector import LEARN_MARGIN, AnomalyConfig, Detector, status_fields
 from edge_relay.anomaly.signals import DEFAULT_THRESHOLDS
 from edge_relay.collect.parse import parse as parse_exposition
 from edge_relay.collect.shape import TargetShaper
+from testkit.gpu_replay import T0_MS, RealIncident, RealTrace, real_page, replay_real
 
 ALLOWED_PER_GPU_HOUR = 1.0
 GPUS = 4

@@ -61,6 +61,7 @@ class Ingester:
             s.remote_write_url,
             timeout_s=s.remote_write_timeout_seconds,
             headers=s.remote_write_headers,
+            connection=s.remote_write_connection,
             backoff=Backoff(s.retry_min_seconds, s.retry_max_seconds),
             max_retry_s=s.max_retry_seconds,
             stop_event=self.stopping,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cloud_ingest.sinks.remote_write.client import check_headers
+from cloud_ingest.sinks.remote_write.connection import Connection, check_connection, connection_from
 from relay_common import config as config_loader
 from relay_common.config import ConfigError
 from relay_common.mqtt_tls import TLS, tls_from
@@ -48,6 +49,7 @@ class Settings:
     remote_write_url: str
     remote_write_timeout_seconds: float
     remote_write_headers: dict[str, str]
+    remote_write_connection: Connection  # credentials, TLS, proxy
     retry_min_seconds: float
     retry_max_seconds: float
     max_retry_seconds: float
@@ -83,6 +85,8 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         check_headers(rw["headers"])
     except ValueError as e:
         raise ConfigError(f"{source}: key `remote_write.headers`: {e}") from e
+    connection = connection_from(rw, "remote_write")
+    check_connection(rw, connection, source)
     return Settings(
         source=source,
         log_level=raw["log_level"],
@@ -106,6 +110,7 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         remote_write_url=rw["url"],
         remote_write_timeout_seconds=float(rw["timeout_seconds"]),
         remote_write_headers=dict(rw["headers"]),
+        remote_write_connection=connection,
         retry_min_seconds=float(rw["retry_min_seconds"]),
         retry_max_seconds=float(rw["retry_max_seconds"]),
         max_retry_seconds=float(rw["max_retry_seconds"]),

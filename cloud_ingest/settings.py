@@ -6,6 +6,7 @@ Keys, defaults and their documentation live in schemas/cloud-ingest-config.schem
 from __future__ import annotations
 
 import socket
+import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,23 @@ ENV_OVERRIDES: tuple[config_loader.EnvOverride, ...] = (
     ("mqtt.password", ("CLOUD_INGEST_MQTT_PASSWORD",), str),
     ("remote_write.url", ("CLOUD_INGEST_REMOTE_WRITE_URL",), str),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteWriteTarget:
+    """One entry of ``remote_write`` (the section itself when it is a single mapping)."""
+
+    name: str
+    required: bool
+    queue_batches: int
+    url: str
+    timeout_seconds: float
+    headers: dict[str, str]
+    connection: Connection  # credentials, TLS, proxy
+    retry_min_seconds: float
+    retry_max_seconds: float
+    max_retry_seconds: float
+    isolate_max_writes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +64,8 @@ class Settings:
     stream_max_nodes: int
     stream_keep_states: int
     state_wait_seconds: float
+    # Every target; the flat remote_write_* fields below are the first one's (the single-target form).
+    remote_write_targets: tuple[RemoteWriteTarget, ...]
     remote_write_url: str
     remote_write_timeout_seconds: float
     remote_write_headers: dict[str, str]
@@ -74,19 +94,8 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
     except ValueError as e:
         raise ConfigError(f"{source}: key `mqtt.topic_prefix`: {e}") from e
     config_loader.check_range(mqtt, "mqtt", "reconnect_min_seconds", "reconnect_max_seconds", source)
-    config_loader.check_range(rw, "remote_write", "retry_min_seconds", "retry_max_seconds", source)
-    # One header at a time so the message names its key; then the whole map (a name given twice).
-    for name, value in rw["headers"].items():
-        try:
-            check_headers({name: value})
-        except ValueError as e:
-            raise ConfigError(f"{source}: key `remote_write.headers.{name}`: {e}") from e
-    try:
-        check_headers(rw["headers"])
-    except ValueError as e:
-        raise ConfigError(f"{source}: key `remote_write.headers`: {e}") from e
-    connection = connection_from(rw, "remote_write")
-    check_connection(rw, connection, source)
+    targets = remote_write_targets(rw, source)
+    first = targets[0]
     return Settings(
         source=source,
         log_level=raw["log_level"],
@@ -107,14 +116,15 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         stream_max_nodes=int(raw["stream"]["max_nodes"]),
         stream_keep_states=int(raw["stream"]["keep_states"]),
         state_wait_seconds=float(raw["stream"]["state_wait_seconds"]),
-        remote_write_url=rw["url"],
-        remote_write_timeout_seconds=float(rw["timeout_seconds"]),
-        remote_write_headers=dict(rw["headers"]),
-        remote_write_connection=connection,
-        retry_min_seconds=float(rw["retry_min_seconds"]),
-        retry_max_seconds=float(rw["retry_max_seconds"]),
-        max_retry_seconds=float(rw["max_retry_seconds"]),
-        isolate_max_writes=int(rw["isolate_max_writes"]),
+        remote_write_targets=targets,
+        remote_write_url=first.url,
+        remote_write_timeout_seconds=first.timeout_seconds,
+        remote_write_headers=first.headers,
+        remote_write_connection=first.connection,
+        retry_min_seconds=first.retry_min_seconds,
+        retry_max_seconds=first.retry_max_seconds,
+        max_retry_seconds=first.max_retry_seconds,
+        isolate_max_writes=first.isolate_max_writes,
         workers=raw["workers"],
         limits=Limits(
             max_payload_bytes=lim["max_payload_bytes"],
@@ -130,3 +140,55 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         metrics_listen=raw["metrics"]["listen"],
         raw=raw,
     )
+
+
+def remote_write_targets(
+    rw: dict[str, Any] | list[dict[str, Any]], source: str
+) -> tuple[RemoteWriteTarget, ...]:
+    """The validated ``remote_write`` section (one mapping or a list) as targets, each checked; errors
+    name the key (``remote_write.x`` for the single form, ``remote_write[i].x`` for a list)."""
+    sections = (
+        [(rw, "remote_write")]
+        if isinstance(rw, dict)
+        else [(t, f"remote_write[{i}]") for i, t in enumerate(rw)]
+    )
+    targets: list[RemoteWriteTarget] = []
+    for i, (t, key) in enumerate(sections):
+        config_loader.check_range(t, key, "retry_min_seconds", "retry_max_seconds", source)
+        # One header at a time so the message names its key; then the whole map (a name given twice).
+        for name, value in t["headers"].items():
+            try:
+                check_headers({name: value})
+            except ValueError as e:
+                raise ConfigError(f"{source}: key `{key}.headers.{name}`: {e}") from e
+        try:
+            check_headers(t["headers"])
+        except ValueError as e:
+            raise ConfigError(f"{source}: key `{key}.headers`: {e}") from e
+        connection = connection_from(t, key)
+        check_connection(t, connection, source)
+        names = {target.name for target in targets}
+        name = t.get("name")
+        if name in names:
+            raise ConfigError(f"{source}: key `{key}.name`: {name!r} is the name of another target")
+        if name is None:
+            name = urllib.parse.urlsplit(t["url"]).netloc
+            name = f"{name}#{i}" if name in names else name
+        targets.append(
+            RemoteWriteTarget(
+                name=name,
+                required=bool(t["required"]),
+                queue_batches=int(t["queue_batches"]),
+                url=t["url"],
+                timeout_seconds=float(t["timeout_seconds"]),
+                headers=dict(t["headers"]),
+                connection=connection,
+                retry_min_seconds=float(t["retry_min_seconds"]),
+                retry_max_seconds=float(t["retry_max_seconds"]),
+                max_retry_seconds=float(t["max_retry_seconds"]),
+                isolate_max_writes=int(t["isolate_max_writes"]),
+            )
+        )
+    if not any(target.required for target in targets):
+        raise ConfigError(f"{source}: key `remote_write`: no target is required; at least one must be")
+    return tuple(targets)

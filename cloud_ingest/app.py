@@ -2,7 +2,8 @@
 
 Built first what the others need: the self-metrics (with the fleet view they export), the dead-letter
 store, the sink (a remote-write client and a ``RemoteWriteSink`` around it per target; with several
-targets a ``FanOutSink`` over them, each with its own queue), the v3 stream state; then
+targets a ``FanOutSink`` over them, each with its own queue; a target's ``write_relabel_configs`` as a
+``WriteRelabelSink`` around its sink), the v3 stream state; then
 the pipeline (decode -> sink -> finish); then the MQTT intake: the session, the acker, admission, the
 worker threads, the batch intake, the follower, the status and ack feeds, and last the subscriber, which
 routes every delivery to one of them. Data flows one way, from the subscriber to the pipeline and the
@@ -39,6 +40,7 @@ from cloud_ingest.pipeline.stream_state import StreamState
 from cloud_ingest.selfmetrics import IngestMetrics
 from cloud_ingest.settings import Settings
 from cloud_ingest.sinks.fanout import FanOutSink, Target
+from cloud_ingest.sinks.relabeled import WriteRelabelSink
 from cloud_ingest.sinks.remote_write.client import RemoteWriteClient
 from cloud_ingest.sinks.remote_write.sink import RemoteWriteSink
 from cloud_ingest.sinks.sink import Sink
@@ -74,10 +76,12 @@ class Ingester:
             for t in s.remote_write_targets
         ]
         self.writer = self.writers[0]
-        sinks = [
-            RemoteWriteSink(writer, isolate_max_writes=t.isolate_max_writes, metrics=self.metrics)
-            for writer, t in zip(self.writers, s.remote_write_targets, strict=True)
-        ]
+        sinks: list[Sink] = []
+        for writer, t in zip(self.writers, s.remote_write_targets, strict=True):
+            sink: Sink = RemoteWriteSink(
+                writer, isolate_max_writes=t.isolate_max_writes, metrics=self.metrics
+            )
+            sinks.append(WriteRelabelSink(sink, t.write_relabel) if t.write_relabel else sink)
         # One target: written on the pipeline's worker as it always was; several: a queue each.
         self.sink: Sink = (
             sinks[0]

@@ -15,6 +15,7 @@ from cloud_ingest.sinks.remote_write.connection import Connection, check_connect
 from relay_common import config as config_loader
 from relay_common.config import ConfigError
 from relay_common.mqtt_tls import TLS, tls_from
+from relay_common.relabel import RelabelError, Rule, compile_rules
 from schemas import topics
 from schemas.codec import Limits
 
@@ -41,6 +42,7 @@ class RemoteWriteTarget:
     retry_max_seconds: float
     max_retry_seconds: float
     isolate_max_writes: int
+    write_relabel: tuple[Rule, ...] = ()  # write_relabel_configs, compiled
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +169,10 @@ def remote_write_targets(
             raise ConfigError(f"{source}: key `{key}.headers`: {e}") from e
         connection = connection_from(t, key)
         check_connection(t, connection, source)
+        try:
+            write_relabel = compile_rules(t["write_relabel_configs"], f"{key}.write_relabel_configs")
+        except RelabelError as e:
+            raise ConfigError(f"{source}: {e}") from e
         names = {target.name for target in targets}
         name = t.get("name")
         if name in names:
@@ -187,6 +193,7 @@ def remote_write_targets(
                 retry_max_seconds=float(t["retry_max_seconds"]),
                 max_retry_seconds=float(t["max_retry_seconds"]),
                 isolate_max_writes=int(t["isolate_max_writes"]),
+                write_relabel=write_relabel,
             )
         )
     if not any(target.required for target in targets):

@@ -8,6 +8,7 @@ pipeline only sees the result.
 
 ``remote_write/`` is Prometheus remote-write 1.0, the first sink. ``fanout.py`` is a sink over several
 sinks (one per configured target), each with its own queue and threads: a batch is final when every
-required target has it. A new sink is one subpackage here with a class that has ``write``,
+required target has it. ``relabeled.py`` wraps a target's sink with its ``write_relabel_configs``
+(its own copy of each batch relabeled). A new sink is one subpackage here with a class that has ``write``,
 ``request_bound`` and ``close``, built in ``app.py``.
 """

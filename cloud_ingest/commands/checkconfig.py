@@ -15,21 +15,23 @@ calls it), so ``check-config`` fails exactly when ``run`` would, with the same m
 from __future__ import annotations
 
 import argparse
+import functools
 import urllib.parse
 from collections.abc import Callable
 
 import yaml
 
 from cloud_ingest import settings
+from cloud_ingest.sinks.remote_write.connection import check_connection_files
 from relay_common import preflight
 from relay_common.config import ConfigError
 from relay_common.mqtt_tls import check_tls
 
 
-def check_remote_write_url(url: str, source: str) -> None:
+def check_remote_write_url(url: str, source: str, key: str = "remote_write") -> None:
     """What ``RemoteWriteClient`` refuses (with a ValueError, at start-up) and what requests would fail
     on at every send (a port out of range), as a configuration error."""
-    where = f"{source}: key `remote_write.url`"
+    where = f"{source}: key `{key}.url`"
     parsed = urllib.parse.urlsplit(url)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise ConfigError(f"{where}: expected http(s)://host[:port]/path, got {url!r}")
@@ -41,7 +43,11 @@ def check_remote_write_url(url: str, source: str) -> None:
 
 def validate(s: settings.Settings, *, host: bool = True) -> None:
     """Raise ConfigError with every problem ``run`` would meet at start-up (one a line)."""
-    checks: list[Callable[[], object]] = [lambda: check_remote_write_url(s.remote_write_url, s.source)]
+    checks: list[Callable[[], object]] = []
+    for t in s.remote_write_targets:
+        checks.append(functools.partial(check_remote_write_url, t.url, s.source, t.connection.key))
+        if host:
+            checks.append(functools.partial(check_connection_files, t.connection, s.source))
     if host:
         checks.append(lambda: check_tls(s.tls, s.source, "mqtt.tls"))
         checks.append(lambda: preflight.check_writable_dir(s.dead_letter_path, "dead_letter.path", s.source))

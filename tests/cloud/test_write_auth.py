@@ -4,8 +4,9 @@
 Against a real Prometheus serving HTTPS with a CA the test makes, wanting a client certificate and basic
 auth (``--web.config.file``): with the right credentials the samples arrive; with wrong ones every write
 is refused, retried and counted as a configuration error, and nothing is acked (the edge keeps the
-batch); a rotated password file is used at the next request, without a restart. The config loader
-refuses unusable files naming the file and the key.
+batch); a rotated password file is used at the next request, without a restart. `run` and
+`check-config` refuse unusable files naming the file and the key (`--config-only`, off the ingester's
+machine, does not look at them).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from test_write import block, labels
 
 from cloud_ingest import settings as settings_mod
 from cloud_ingest.app import Ingester
+from cloud_ingest.commands import checkconfig
 from cloud_ingest.sinks.remote_write.connection import Connection, Credentials, connection_from
 from relay_common.config import ConfigError
 from schemas.model import Batch
@@ -257,8 +259,10 @@ def test_unusable_credentials_are_refused_at_load_naming_the_key(
         .replace("missing", str(tmp_path / "missing"))
         .replace("notpem", str(tmp_path / "notpem"))
     )
-    with pytest.raises(ConfigError) as e:
-        settings_mod.load(str(write_config(tmp_path, {"url": "https://127.0.0.1:9/api/v1/write"} | rw)))
+    with pytest.raises(ConfigError) as e:  # as `run` and `check-config` refuse it, before anything starts
+        checkconfig.validate(
+            settings_mod.load(str(write_config(tmp_path, {"url": "https://127.0.0.1:9/api/v1/write"} | rw)))
+        )
     assert says in str(e.value)
     if names_file:
         assert str(tmp_path) in str(e.value)
@@ -269,3 +273,8 @@ def test_connection_from_reads_prometheus_names() -> None:
     assert conn.authorization is not None and conn.authorization.credentials_file == "/t"
     assert conn.proxy_url == "http://p:3128"
     assert Credentials(Connection()).header() is None
+
+
+def test_config_only_does_not_look_at_the_files(tmp_path: Path) -> None:
+    rw = {"url": "https://r:9/api/v1/write", "bearer_token_file": str(tmp_path / "on-the-ingester-only")}
+    checkconfig.validate(settings_mod.load(str(write_config(tmp_path, rw))), host=False)

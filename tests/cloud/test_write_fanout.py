@@ -20,6 +20,7 @@ from test_write_auth import pki as pki
 
 from cloud_ingest import settings as settings_mod
 from cloud_ingest.app import Ingester
+from cloud_ingest.commands import checkconfig
 from cloud_ingest.sinks.fanout import FanOutSink
 from relay_common.config import ConfigError
 from testkit.pki import Pki
@@ -97,11 +98,17 @@ def test_the_single_mapping_form_keeps_working_and_is_the_first_target(tmp_path:
 
 def test_list_errors_name_the_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     a, b = "http://a:9090/api/v1/write", "http://b:9090/api/v1/write"
-    with pytest.raises(ConfigError, match=r"remote_write\[1\]\.basic_auth\.password_file"):
+    with pytest.raises(ConfigError, match=r"remote_write\[1\]\.basic_auth"):
         load(
             tmp_path,
-            [{"url": a}, {"url": b, "basic_auth": {"username": "u", "password_file": "/nonexistent"}}],
+            [{"url": a}, {"url": b, "basic_auth": {"username": "u", "password": "p", "password_file": "/f"}}],
         )
+    with pytest.raises(ConfigError, match=r"remote_write\[1\]\.tls_config\.ca_file`: .*/nonexistent"):
+        path = write_config(tmp_path, {"url": a})
+        config = yaml.safe_load(path.read_text())
+        config["remote_write"] = [{"url": a}, {"url": b, "tls_config": {"ca_file": "/nonexistent"}}]
+        path.write_text(yaml.safe_dump(config))
+        checkconfig.validate(settings_mod.load(str(path)))
     with pytest.raises(ConfigError, match="no target is required"):
         load(tmp_path, [{"url": a, "required": False}])
     with pytest.raises(ConfigError, match=r"remote_write\[1\]\.name"):

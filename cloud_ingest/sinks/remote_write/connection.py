@@ -22,6 +22,7 @@ from typing import Any
 
 import requests
 import requests.adapters
+import requests.utils
 
 from relay_common.config import ConfigError
 
@@ -99,8 +100,8 @@ def connection_from(raw: Mapping[str, Any], key: str = "remote_write") -> Connec
 
 
 def check_connection(raw: Mapping[str, Any], conn: Connection, source: str) -> None:
-    """ConfigError unless ``conn`` can be used: one kind of credentials, each file readable, the TLS
-    files loadable. ``raw`` is the validated section (to see what was set besides)."""
+    """ConfigError unless ``conn`` makes sense, files aside (``check_connection_files``): one kind of
+    credentials, each given once, inline ones that fit in a header. ``raw`` is the validated section."""
     key = conn.key
     kinds = [k for k in ("basic_auth", "authorization", "bearer_token_file") if raw.get(k)]
     if len(kinds) > 1:
@@ -116,16 +117,29 @@ def check_connection(raw: Mapping[str, Any], conn: Connection, source: str) -> N
         raise ConfigError(
             f"{source}: key `{key}.authorization`: set credentials or credentials_file, not both"
         )
+    inline = Connection(
+        basic_auth=conn.basic_auth if conn.basic_auth and not conn.basic_auth.password_file else None,
+        authorization=conn.authorization
+        if conn.authorization and not conn.authorization.credentials_file
+        else None,
+    )
+    header = Credentials(inline).header()
     try:
-        header = Credentials(conn).header()
         if header is not None:
-            requests.models.check_header_validity(("Authorization", header))
-        if conn.tls is not None:
-            tls_context(conn.tls, key)
-    except CredentialsError as e:
-        raise ConfigError(f"{source}: {e}") from e
+            requests.utils.check_header_validity(("Authorization", header))
     except requests.exceptions.InvalidHeader as e:
         raise ConfigError(f"{source}: key `{key}`: the credentials cannot go in an HTTP header: {e}") from e
+
+
+def check_connection_files(conn: Connection, source: str) -> None:
+    """ConfigError unless the credentials file can be read and the TLS files loaded, naming the file
+    and its key (what depends on the machine the ingester runs on)."""
+    try:
+        Credentials(conn).header()
+        if conn.tls is not None:
+            tls_context(conn.tls, conn.key)
+    except CredentialsError as e:
+        raise ConfigError(f"{source}: {e}") from e
 
 
 class SecretFile:

@@ -92,6 +92,7 @@ class Ingester:
                     for sink, t in zip(sinks, s.remote_write_targets, strict=True)
                 ],
                 threads=s.workers,
+                on_dropped=self.metrics.dropped_for,
             )
         )
         following = s.share_group is not None and s.follow

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -107,13 +108,16 @@ class _Lane:
 
 
 class FanOutSink:
-    """Writes every batch to each target on the target's own threads (``threads`` per target)."""
+    """Writes every batch to each target on the target's own threads (``threads`` per target);
+    ``on_dropped(name)`` when an optional target's queue is full."""
 
-    def __init__(self, targets: list[Target], *, threads: int) -> None:
+    def __init__(
+        self, targets: list[Target], *, threads: int, on_dropped: Callable[[str], object] | None = None
+    ) -> None:
         if not any(t.required for t in targets):
             raise ValueError("at least one remote-write target must be required")
         self.lanes = [_Lane(t, threads) for t in targets]
-        self.dropped: dict[str, int] = {t.name: 0 for t in targets}
+        self._on_dropped = on_dropped
 
     def request_bound(self, batch: Batch, cap: int, *, max_pair_bytes: int) -> int:
         return max(
@@ -125,7 +129,8 @@ class FanOutSink:
         for lane in self.lanes:
             future = lane.submit(batch)
             if future is None:
-                self.dropped[lane.target.name] += 1
+                if self._on_dropped is not None:
+                    self._on_dropped(lane.target.name)
                 log.warning(
                     "optional remote-write target %s: %d batches queued, batch %s seq=%d dropped for it",
                     lane.target.name,

@@ -73,7 +73,10 @@ def test_an_optional_target_down_never_holds_the_ack(tmp_path: Path, prometheus:
     dead = f"http://127.0.0.1:{free_port()}/api/v1/write"
     ingester = load(
         tmp_path,
-        [{"url": prometheus.remote_write_url}, {"url": dead, "required": False, "max_retry_seconds": 30}],
+        [
+            {"url": prometheus.remote_write_url},
+            {"url": dead, "required": False, "max_retry_seconds": 30, "queue_batches": 1},
+        ],
     )
     try:
         started = time.monotonic()
@@ -82,6 +85,11 @@ def test_an_optional_target_down_never_holds_the_ack(tmp_path: Path, prometheus:
             assert result.status == "done"
         assert time.monotonic() - started < 5  # not waiting out the optional target's 30 s of retries
         assert stored(prometheus, "rw_fanout_optional") == 6
+        # Its queue holds one batch (the first, being retried): the second is dropped for it, counted.
+        dropped = ingester.metrics.registry.get_sample_value(
+            "cloud_ingest_remote_write_target_dropped_batches_total", {"target": dead.split("/")[2]}
+        )
+        assert dropped == 1
     finally:
         ingester.stopping.set()
         ingester.sink.close()

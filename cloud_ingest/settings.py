@@ -66,16 +66,7 @@ class Settings:
     stream_max_nodes: int
     stream_keep_states: int
     state_wait_seconds: float
-    # Every target; the flat remote_write_* fields below are the first one's (the single-target form).
     remote_write_targets: tuple[RemoteWriteTarget, ...]
-    remote_write_url: str
-    remote_write_timeout_seconds: float
-    remote_write_headers: dict[str, str]
-    remote_write_connection: Connection  # credentials, TLS, proxy
-    retry_min_seconds: float
-    retry_max_seconds: float
-    max_retry_seconds: float
-    isolate_max_writes: int
     workers: int
     limits: Limits
     max_future_seconds: float
@@ -83,6 +74,39 @@ class Settings:
     dead_letter_max_bytes: int
     metrics_listen: str
     raw: dict[str, Any] = field(repr=False, default_factory=dict)
+
+    # The first target's settings under the names they had when there was one target only.
+    @property
+    def remote_write_url(self) -> str:
+        return self.remote_write_targets[0].url
+
+    @property
+    def remote_write_timeout_seconds(self) -> float:
+        return self.remote_write_targets[0].timeout_seconds
+
+    @property
+    def remote_write_headers(self) -> dict[str, str]:
+        return self.remote_write_targets[0].headers
+
+    @property
+    def remote_write_connection(self) -> Connection:
+        return self.remote_write_targets[0].connection
+
+    @property
+    def retry_min_seconds(self) -> float:
+        return self.remote_write_targets[0].retry_min_seconds
+
+    @property
+    def retry_max_seconds(self) -> float:
+        return self.remote_write_targets[0].retry_max_seconds
+
+    @property
+    def max_retry_seconds(self) -> float:
+        return self.remote_write_targets[0].max_retry_seconds
+
+    @property
+    def isolate_max_writes(self) -> int:
+        return self.remote_write_targets[0].isolate_max_writes
 
 
 def load(path: str) -> Settings:
@@ -96,8 +120,6 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
     except ValueError as e:
         raise ConfigError(f"{source}: key `mqtt.topic_prefix`: {e}") from e
     config_loader.check_range(mqtt, "mqtt", "reconnect_min_seconds", "reconnect_max_seconds", source)
-    targets = remote_write_targets(rw, source)
-    first = targets[0]
     return Settings(
         source=source,
         log_level=raw["log_level"],
@@ -118,15 +140,7 @@ def from_dict(raw: dict[str, Any], source: str) -> Settings:
         stream_max_nodes=int(raw["stream"]["max_nodes"]),
         stream_keep_states=int(raw["stream"]["keep_states"]),
         state_wait_seconds=float(raw["stream"]["state_wait_seconds"]),
-        remote_write_targets=targets,
-        remote_write_url=first.url,
-        remote_write_timeout_seconds=first.timeout_seconds,
-        remote_write_headers=first.headers,
-        remote_write_connection=first.connection,
-        retry_min_seconds=first.retry_min_seconds,
-        retry_max_seconds=first.retry_max_seconds,
-        max_retry_seconds=first.max_retry_seconds,
-        isolate_max_writes=first.isolate_max_writes,
+        remote_write_targets=remote_write_targets(rw, source),
         workers=raw["workers"],
         limits=Limits(
             max_payload_bytes=lim["max_payload_bytes"],

@@ -12,7 +12,9 @@ machine, does not look at them).
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +87,17 @@ def target(guarded: Prometheus, pki: Pki, password_file: Path) -> dict[str, Any]
     }
 
 
+@contextlib.contextmanager
+def ingesting(tmp_path: Path, remote_write: dict[str, Any]) -> Iterator[Ingester]:
+    """An ingester (not started: its sink as the pipeline uses it) with this ``remote_write``."""
+    ingester = Ingester(settings_mod.load(str(write_config(tmp_path, remote_write))))
+    try:
+        yield ingester
+    finally:
+        ingester.sink.close()
+        ingester.dead_letters.close()
+
+
 def stored(prom: Prometheus, name: str) -> int:
     return sum(len(v) for v in prom.raw_samples(name).values())
 
@@ -95,9 +108,7 @@ def test_right_credentials_write_wrong_ones_are_kept_and_alerted_and_a_rotated_f
 ) -> None:
     password = tmp_path / "password"
     password.write_text("wrong-password\n")
-    s = settings_mod.load(str(write_config(tmp_path, target(guarded, pki, password))))
-    ingester = Ingester(s)  # not started: the sink as the pipeline uses it
-    try:
+    with ingesting(tmp_path, target(guarded, pki, password)) as ingester:
         refused = ingester.sink.write(batch_now(1))
         assert refused.status == "retry_later" and "HTTP 401" in refused.retry_reason
         assert ingester.metrics.config_errors.labels("401")._value.get() >= 2  # retried, alerted
@@ -107,47 +118,27 @@ def test_right_credentials_write_wrong_ones_are_kept_and_alerted_and_a_rotated_f
         result = ingester.sink.write(batch_now(1))
         assert (result.status, result.written) == ("done", 6)
         assert stored(guarded, "rw_auth_test") == 6
-    finally:
-        ingester.dead_letters.close()
-        ingester.writer.close()
 
 
 @pytest.mark.integration
-def test_a_server_certificate_the_ca_did_not_sign_is_a_configuration_error(
-    tmp_path: Path, guarded: Prometheus, pki: Pki
-) -> None:
-    password = tmp_path / "password"
-    password.write_text("right-password")
-    other = make_pki(tmp_path / "other", [])
-    rw = target(guarded, pki, password)
-    rw["tls_config"]["ca_file"] = other.ca
-    ingester = Ingester(settings_mod.load(str(write_config(tmp_path, rw))))
-    try:
-        result = ingester.sink.write(batch_now(2, "rw_auth_other_ca"))
-        assert result.status == "retry_later" and "TLS" in result.retry_reason
-        assert ingester.metrics.config_errors.labels("0")._value.get() >= 1
-        assert stored(guarded, "rw_auth_other_ca") == 0
-    finally:
-        ingester.dead_letters.close()
-        ingester.writer.close()
-
-
-@pytest.mark.integration
-def test_without_the_client_certificate_nothing_is_written(
-    tmp_path: Path, guarded: Prometheus, pki: Pki
+@pytest.mark.parametrize("wrong", ["a CA that did not sign the receiver", "no client certificate"])
+def test_a_tls_setup_the_receiver_refuses_writes_nothing_and_is_a_configuration_error(
+    tmp_path: Path, guarded: Prometheus, pki: Pki, wrong: str
 ) -> None:
     password = tmp_path / "password"
     password.write_text("right-password")
     rw = target(guarded, pki, password)
-    del rw["tls_config"]["cert_file"], rw["tls_config"]["key_file"]
-    ingester = Ingester(settings_mod.load(str(write_config(tmp_path, rw))))
-    try:
-        result = ingester.sink.write(batch_now(3, "rw_auth_no_cert"))
-        assert result.status == "retry_later"
-        assert stored(guarded, "rw_auth_no_cert") == 0
-    finally:
-        ingester.dead_letters.close()
-        ingester.writer.close()
+    if wrong == "no client certificate":
+        del rw["tls_config"]["cert_file"], rw["tls_config"]["key_file"]
+    else:
+        rw["tls_config"]["ca_file"] = make_pki(tmp_path / "other", []).ca
+    with ingesting(tmp_path, rw) as ingester:
+        result = ingester.sink.write(batch_now(2, "rw_auth_tls"))
+        assert result.status == "retry_later", wrong
+        if wrong != "no client certificate":  # refused in the handshake, by us
+            assert "TLS" in result.retry_reason
+            assert ingester.metrics.config_errors.labels("0")._value.get() >= 1
+        assert stored(guarded, "rw_auth_tls") == 0
 
 
 # -- credentials on the wire (a mock receiver) ---------------------------------------------------------
@@ -165,15 +156,11 @@ def test_bearer_token_file_and_authorization_go_as_the_header_read_again_when_ro
         {"basic_auth": {"username": "u", "password": "p"}},
     ):
         receiver.script.extend([Reply(204), Reply(204)])
-        ingester = Ingester(settings_mod.load(str(write_config(tmp_path, {"url": receiver.url} | rw))))
-        try:
+        with ingesting(tmp_path, {"url": receiver.url} | rw) as ingester:
             token.write_text("tok-1\n")
             assert ingester.sink.write(batch_now(1)).status == "done"
             token.write_text("tok-2-longer\n")
             assert ingester.sink.write(batch_now(2)).status == "done"
-        finally:
-            ingester.dead_letters.close()
-            ingester.writer.close()
     sent = [r.headers["Authorization"] for r in receiver.received]
     basic = "Basic " + base64.b64encode(b"u:p").decode()
     assert sent == [
@@ -190,10 +177,7 @@ def test_a_credentials_file_gone_at_run_time_is_retried_as_a_configuration_error
 ) -> None:
     token = tmp_path / "token"
     token.write_text("tok")
-    ingester = Ingester(
-        settings_mod.load(str(write_config(tmp_path, {"url": receiver.url, "bearer_token_file": str(token)})))
-    )
-    try:
+    with ingesting(tmp_path, {"url": receiver.url, "bearer_token_file": str(token)}) as ingester:
         token.unlink()
         result = ingester.sink.write(batch_now(1))
         assert result.status == "retry_later"
@@ -201,21 +185,14 @@ def test_a_credentials_file_gone_at_run_time_is_retried_as_a_configuration_error
         assert "remote_write.authorization.credentials_file" in result.retry_reason
         assert ingester.metrics.config_errors.labels("0")._value.get() >= 1
         assert receiver.received == []
-    finally:
-        ingester.dead_letters.close()
-        ingester.writer.close()
 
 
 def test_proxy_url_sends_the_requests_through_the_proxy(tmp_path: Path, receiver: MockReceiver) -> None:
     # The mock receiver stands in for the proxy: a proxied plain-HTTP request carries the absolute URL.
     receiver.script.append(Reply(204))
     rw = {"url": "http://receiver.invalid:9/api/v1/write", "proxy_url": receiver.url.rsplit("/api", 1)[0]}
-    ingester = Ingester(settings_mod.load(str(write_config(tmp_path, rw))))
-    try:
+    with ingesting(tmp_path, rw) as ingester:
         assert ingester.sink.write(batch_now(1)).status == "done"
-    finally:
-        ingester.dead_letters.close()
-        ingester.writer.close()
     assert len(receiver.received) == 1
 
 

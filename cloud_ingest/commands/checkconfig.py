@@ -3,13 +3,16 @@
 ``validate`` is what ``cloud-ingest run`` checks at start-up before it builds anything (``app.run``
 calls it), so ``check-config`` fails exactly when ``run`` would, with the same messages (exit 2):
 
-- the config file itself (``settings.load``: schema, topic prefix, ranges, remote-write headers);
-- ``remote_write.url``: http(s) with a host and a valid port, as the remote-write client requires;
+- the config file itself (``settings.load``: schema, topic prefix, ranges, remote-write headers,
+  credentials and relabel rules of each target);
+- each remote-write target's ``url``: http(s) with a host and a valid port, as the remote-write client
+  requires; its credentials file readable and its TLS files loadable (``check_connection_files``);
 - the MQTT TLS files: readable, PEM, and loadable as paho will load them (``mqtt_tls.check_tls``);
 - the dead-letter store: its directory writable or creatable, the file (if there) writable;
 - ``metrics.listen``: a host:port the metrics server can bind (not whether the port is free).
 
-``--config-only`` leaves out what depends on the machine (TLS files, dead-letter directory).
+``--config-only`` leaves out what depends on the machine (TLS and credentials files, dead-letter
+directory).
 """
 
 from __future__ import annotations

@@ -255,3 +255,26 @@ def test_connection_from_reads_prometheus_names() -> None:
 def test_config_only_does_not_look_at_the_files(tmp_path: Path) -> None:
     rw = {"url": "https://r:9/api/v1/write", "bearer_token_file": str(tmp_path / "on-the-ingester-only")}
     checkconfig.validate(settings_mod.load(str(write_config(tmp_path, rw))), host=False)
+
+
+@pytest.mark.integration
+def test_a_renewed_client_certificate_is_used_by_the_next_connection(
+    tmp_path: Path, guarded: Prometheus, pki: Pki
+) -> None:
+    password = tmp_path / "password"
+    password.write_text("right-password")
+    stale = make_pki(tmp_path / "stale", ["ingester"])  # a certificate the receiver's CA did not sign
+    cert, key = tmp_path / "client.crt", tmp_path / "client.key"
+    cert.write_bytes(Path(stale.cert("ingester")).read_bytes())
+    key.write_bytes(Path(stale.key("ingester")).read_bytes())
+    rw = target(guarded, pki, password)
+    rw["tls_config"] |= {"cert_file": str(cert), "key_file": str(key)}
+    with ingesting(tmp_path, rw) as ingester:
+        assert ingester.sink.write(batch_now(1, "rw_auth_renewed")).status == "retry_later"
+
+        # Renewed in place, as cert-manager does with a mounted Secret: key first, then certificate.
+        key.write_bytes(Path(pki.key("ingester")).read_bytes())
+        cert.write_bytes(Path(pki.cert("ingester")).read_bytes())
+        result = ingester.sink.write(batch_now(1, "rw_auth_renewed"))
+        assert (result.status, result.written) == ("done", 6)
+        assert stored(guarded, "rw_auth_renewed") == 6

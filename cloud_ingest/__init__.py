@@ -8,7 +8,8 @@ Floor plan, in the order a batch passes it (each package's docstring is its desi
   intake runs its batches on.
 - ``pipeline/``: one batch, with no transport in it: decode -> sink -> finish, to an ``Outcome``.
 - ``sinks/``: where batches are written, behind the ``Sink`` protocol; ``sinks/remote_write/`` is
-  Prometheus remote-write 1.0.
+  Prometheus remote-write 1.0 (one target: credentials, TLS, proxy), ``sinks/relabeled.py`` a target's
+  ``write_relabel_configs``, ``sinks/fanout.py`` several targets, each with its own queue.
 - ``outcome/``: what becomes of batches: the answer the edge is told, the dead-letter store, the fleet
   view.
 - ``commands/``: the operator's commands besides ``run`` (``dead-letters``, ``fleet``, ``backfill``,

@@ -1,7 +1,9 @@
 """``cloud-ingest run``: builds the ingester's parts in dependency order, hands each what it needs, runs.
 
 Built first what the others need: the self-metrics (with the fleet view they export), the dead-letter
-store, the sink (the remote-write client, and ``RemoteWriteSink`` around it), the v3 stream state; then
+store, the sink (a remote-write client and a ``RemoteWriteSink`` around it per target; with several
+targets a ``FanOutSink`` over them, each with its own queue; a target's ``write_relabel_configs`` as a
+``WriteRelabelSink`` around its sink), the v3 stream state; then
 the pipeline (decode -> sink -> finish); then the MQTT intake: the session, the acker, admission, the
 worker threads, the batch intake, the follower, the status and ack feeds, and last the subscriber, which
 routes every delivery to one of them. Data flows one way, from the subscriber to the pipeline and the
@@ -37,8 +39,11 @@ from cloud_ingest.pipeline.flow import Pipeline
 from cloud_ingest.pipeline.stream_state import StreamState
 from cloud_ingest.selfmetrics import IngestMetrics
 from cloud_ingest.settings import Settings
+from cloud_ingest.sinks.fanout import FanOutSink, Target
+from cloud_ingest.sinks.relabeled import WriteRelabelSink
 from cloud_ingest.sinks.remote_write.client import RemoteWriteClient
 from cloud_ingest.sinks.remote_write.sink import RemoteWriteSink
+from cloud_ingest.sinks.sink import Sink
 from relay_common.backoff import Backoff
 from relay_common.httpserver import MetricsServer
 
@@ -57,17 +62,38 @@ class Ingester:
         self.stopping = threading.Event()
         self.dead_letters = DeadLetterStore(s.dead_letter_path, max_bytes=s.dead_letter_max_bytes)
 
-        self.writer = RemoteWriteClient(
-            s.remote_write_url,
-            timeout_s=s.remote_write_timeout_seconds,
-            headers=s.remote_write_headers,
-            backoff=Backoff(s.retry_min_seconds, s.retry_max_seconds),
-            max_retry_s=s.max_retry_seconds,
-            stop_event=self.stopping,
-            on_config_error=self.metrics.config_error,
-        )
-        self.sink = RemoteWriteSink(
-            self.writer, isolate_max_writes=s.isolate_max_writes, metrics=self.metrics
+        self.writers = [
+            RemoteWriteClient(
+                t.url,
+                timeout_s=t.timeout_seconds,
+                headers=t.headers,
+                connection=t.connection,
+                backoff=Backoff(t.retry_min_seconds, t.retry_max_seconds),
+                max_retry_s=t.max_retry_seconds,
+                stop_event=self.stopping,
+                on_config_error=self.metrics.config_error,
+            )
+            for t in s.remote_write_targets
+        ]
+        self.writer = self.writers[0]
+        sinks: list[Sink] = []
+        for writer, t in zip(self.writers, s.remote_write_targets, strict=True):
+            sink: Sink = RemoteWriteSink(
+                writer, isolate_max_writes=t.isolate_max_writes, metrics=self.metrics
+            )
+            sinks.append(WriteRelabelSink(sink, t.write_relabel) if t.write_relabel else sink)
+        # One target: written on the pipeline's worker as it always was; several: a queue each.
+        self.sink: Sink = (
+            sinks[0]
+            if len(sinks) == 1
+            else FanOutSink(
+                [
+                    Target(t.name, sink, t.required, t.queue_batches)
+                    for sink, t in zip(sinks, s.remote_write_targets, strict=True)
+                ],
+                threads=s.workers,
+                on_dropped=self.metrics.dropped_for,
+            )
         )
         following = s.share_group is not None and s.follow
         self.stream = StreamState(
@@ -129,6 +155,7 @@ class Ingester:
         self.session.stop()
         self.workers.stop()
         self.follower.stop()
+        self.sink.close()
         self.dead_letters.close()
 
 
@@ -154,7 +181,11 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     log.info(
-        "cloud ingest %s: %s -> %s (%d workers)", s.client_id, s.mqtt_host, s.remote_write_url, s.workers
+        "cloud ingest %s: %s -> %s (%d workers)",
+        s.client_id,
+        s.mqtt_host,
+        ", ".join(t.url for t in s.remote_write_targets),
+        s.workers,
     )
     ingester.start()
     done.wait()

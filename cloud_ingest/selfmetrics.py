@@ -97,8 +97,15 @@ class IngestMetrics:
         self.config_errors = Counter(
             "cloud_ingest_remote_write_config_errors",
             "Receiver answers that say its address, credentials or limits are wrong, not the data (3xx, "
-            "401, 403, 404, 405, 413, a 400 naming no sample ...), by status; retried, never rejected.",
+            "401, 403, 404, 405, 413, a 400 naming no sample ...), by status; 0: no answer because a "
+            "credentials or TLS file cannot be read or the TLS handshake failed; retried, never rejected.",
             ["status"],
+            registry=r,
+        )
+        self.target_dropped = Counter(
+            "cloud_ingest_remote_write_target_dropped_batches",
+            "Batches an optional remote-write target did not get because its queue was full, by target.",
+            ["target"],
             registry=r,
         )
         self.dead_letter_overflow = Counter(
@@ -162,6 +169,10 @@ class IngestMetrics:
     def observe_batch_age(self, stage: str, batch: Batch) -> None:
         """``cloud_ingest_batch_age_seconds{stage}``: how old the batch's newest sample is now."""
         self.batch_age.labels(stage).observe(max(0.0, time.time() - batch.last_timestamp_ms / 1000))
+
+    def dropped_for(self, target: str) -> None:
+        """An optional target's queue was full: a batch it does not get."""
+        self.target_dropped.labels(target).inc()
 
     def config_error(self, status: int) -> None:
         """A receiver's answer that says its address, credentials or limits are wrong."""

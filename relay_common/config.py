@@ -58,25 +58,42 @@ def _describe(error: jsonschema.ValidationError) -> str:
     return f"key `{key}`: {error.message}{hint}"
 
 
-def apply_defaults(schema: Mapping[str, Any], value: Any) -> Any:
+def _types(schema: Mapping[str, Any]) -> set[str]:
+    """A schema's ``type`` as a set (JSON Schema allows one name or a list: ``["object", "array"]``)."""
+    t = schema.get("type", ())
+    return {t} if isinstance(t, str) else set(t)
+
+
+def _resolve(root: Mapping[str, Any], schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``schema`` with a local ``$ref`` (``#/properties/...``) replaced by what it points to."""
+    ref = schema.get("$ref")
+    if not isinstance(ref, str) or not ref.startswith("#/"):
+        return schema
+    target: Any = root
+    for part in ref[2:].split("/"):
+        target = target[part]
+    return {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+
+
+def apply_defaults(schema: Mapping[str, Any], value: Any, root: Mapping[str, Any] | None = None) -> Any:
     """Return ``value`` with every missing property that has a schema default filled in."""
-    if schema.get("type") == "object" and isinstance(value, dict):
+    root = schema if root is None else root
+    schema = _resolve(root, schema)
+    if "object" in _types(schema) and isinstance(value, dict):
         for name, sub in schema.get("properties", {}).items():
             # Sections default to {} in the schema; optional sections (like tls) have no default and
             # stay absent, so "not configured" remains visible.
             if name not in value and "default" in sub:
                 value[name] = copy.deepcopy(sub["default"])
             if name in value:
-                value[name] = apply_defaults(sub, value[name])
+                value[name] = apply_defaults(sub, value[name], root)
         extra_schema = schema.get("additionalProperties")
         if isinstance(extra_schema, Mapping):
             for name in value:
                 if name not in schema.get("properties", {}):
-                    value[name] = apply_defaults(extra_schema, value[name])
-    elif (
-        schema.get("type") == "array" and isinstance(value, list) and isinstance(schema.get("items"), Mapping)
-    ):
-        return [apply_defaults(schema["items"], item) for item in value]
+                    value[name] = apply_defaults(extra_schema, value[name], root)
+    elif "array" in _types(schema) and isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        return [apply_defaults(schema["items"], item, root) for item in value]
     return value
 
 
@@ -162,6 +179,9 @@ def _env_override(config: dict[str, Any], key_path: str, env_names: tuple[str, .
         *parents, last = key_path.split(".")
         node = config
         for p in parents:
+            if isinstance(node.get(p), list) and node[p] and isinstance(node[p][0], dict):
+                node = node[p][0]  # a section given as a list (of targets): the first one's key
+                continue
             if not isinstance(node.get(p), dict):
                 node[p] = {}  # an empty YAML section (`mqtt:`) reads as None
             node = node[p]

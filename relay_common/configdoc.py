@@ -30,6 +30,8 @@ def _type(sub: Mapping[str, Any]) -> str:
     if "enum" in sub:
         return " \\| ".join(f"`{v}`" for v in sub["enum"])
     t = sub.get("type", "")
+    if isinstance(t, list):
+        t = t[0]  # ["object", "array"]: a section that may also be a list of them (its description says so)
     if t == "array":
         return "list"
     if t == "object" and "additionalProperties" in sub and "properties" not in sub:
@@ -44,7 +46,7 @@ def _rows(schema: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, st
         default = "required" if name in required else json.dumps(sub["default"]) if "default" in sub else ""
         description = docsections.cell(sub.get("description", ""))
         yield key, _type(sub), default, description
-        if sub.get("type") == "object" and "properties" in sub:
+        if "object" in sub.get("type", ()) and "properties" in sub:
             yield from _rows(sub, f"{key}.")
         if sub.get("type") == "array" and "properties" in sub.get("items", {}):
             yield from _rows(sub["items"], f"{key}[].")

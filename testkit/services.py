@@ -23,11 +23,13 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Self, TypeVar
 
 import requests
+import urllib3.exceptions
 import yaml
 
 from schemas.model import STALE_NAN
@@ -338,9 +340,13 @@ class ManagedProcess:
 
     def _http_ok(self, path: str) -> bool:
         try:
-            return requests.get(f"http://{self.host}:{self.port}{path}", timeout=1).status_code == 200
+            return self.http_get(path, timeout=1).status_code == 200
         except requests.RequestException:
             return False
+
+    def http_get(self, path: str, **kwargs: Any) -> requests.Response:
+        """``GET path`` from this service as a client it lets in (its TLS and credentials, if any)."""
+        return requests.get(f"http://{self.host}:{self.port}{path}", **kwargs)
 
 
 class HttpService(ManagedProcess):
@@ -414,6 +420,11 @@ class Mosquitto(ManagedProcess):
 class Prometheus(HttpService):
     """Prometheus 2.4x with the remote-write receiver on, no scrape jobs.
 
+    With ``tls`` (a certificate and key file) it serves HTTPS (with ``client_ca`` it wants a client
+    certificate that CA signed), with ``users`` ({name: password}) it wants
+    basic auth on every endpoint, remote write included (``--web.config.file``, bcrypt hashes): a
+    receiver behind TLS and auth. ``http_get`` and ``query`` let themselves in.
+
     ``ooo_window`` is measured back from the newest sample of *any* series in the head, not per
     series.  2.42 answers 400 to "out of order sample"/"out of bounds"/"duplicate sample for
     timestamp" (same timestamp, other value) but 500 to "too old sample" (older than the window).
@@ -431,8 +442,19 @@ class Prometheus(HttpService):
         ooo_window: str | None = "2h",
         extra_flags: Sequence[str] = (),
         scrape_configs: Sequence[Mapping[str, Any]] = (),
+        *,
+        tls: tuple[str, str] | None = None,
+        users: Mapping[str, str] | None = None,
+        client_ca: str | None = None,
+        client_cert: tuple[str, str] | None = None,
     ) -> None:
         super().__init__(tmpdir, port)
+        self.tls = tls
+        self.users = dict(users or {})
+        self.client_ca = client_ca
+        # The certificate and key http_get shows when the receiver wants one.
+        self.client_cert = client_cert
+        self.web_config_path = self.dir / "web.yml"
         self.ooo_window = ooo_window
         self.extra_flags = tuple(extra_flags)
         # Prometheus `scrape_configs` entries (jobs), written as given; none by default.
@@ -441,8 +463,43 @@ class Prometheus(HttpService):
         self.data_dir = self.dir / "data"
 
     @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+
+    @property
     def remote_write_url(self) -> str:
         return f"{self.url}/api/v1/write"
+
+    def http_get(self, path: str, **kwargs: Any) -> requests.Response:
+        if self.users:
+            kwargs.setdefault("auth", next(iter(self.users.items())))
+        if self.client_ca:
+            kwargs.setdefault("cert", self.client_cert)
+        with warnings.catch_warnings():
+            # The test's own receiver, on loopback: its certificate is not what is tested here.
+            warnings.simplefilter("ignore", urllib3.exceptions.InsecureRequestWarning)
+            return requests.get(f"{self.url}{path}", verify=False, **kwargs)
+
+    def _web_flags(self) -> list[str]:
+        if not self.tls and not self.users:
+            return []
+        import bcrypt  # only tests of a receiver behind auth need it
+
+        web: dict[str, Any] = {}
+        if self.tls:
+            web["tls_server_config"] = {"cert_file": self.tls[0], "key_file": self.tls[1]}
+            if self.client_ca:
+                web["tls_server_config"] |= {
+                    "client_ca_file": self.client_ca,
+                    "client_auth_type": "RequireAndVerifyClientCert",
+                }
+        if self.users:
+            web["basic_auth_users"] = {
+                name: bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
+                for name, password in self.users.items()
+            }
+        self.web_config_path.write_text(yaml.safe_dump(web))
+        return [f"--web.config.file={self.web_config_path}"]
 
     def command(self) -> list[str]:
         config = "global:\n  scrape_interval: 15s\n  evaluation_interval: 15s\n"
@@ -459,6 +516,7 @@ class Prometheus(HttpService):
             f"--storage.tsdb.path={self.data_dir}",
             f"--web.listen-address={self.host}:{self.port}",
             "--web.enable-remote-write-receiver",
+            *self._web_flags(),
             *self.extra_flags,
         ]
 
@@ -467,7 +525,7 @@ class Prometheus(HttpService):
         params = {"query": promql}
         if at is not None:
             params["time"] = f"{at:.3f}"
-        resp = requests.get(f"{self.url}/api/v1/query", params=params, timeout=30)
+        resp = self.http_get("/api/v1/query", params=params, timeout=30)
         try:
             body = resp.json()
         except ValueError:

@@ -47,6 +47,7 @@ def _replay(store: DeadLetterStore, s: settings.Settings, ids: list[int], url: s
         url,
         timeout_s=s.remote_write_timeout_seconds,
         headers=s.remote_write_headers,
+        connection=s.remote_write_connection,
         backoff=Backoff(s.retry_min_seconds, s.retry_max_seconds),
         max_retry_s=min(s.max_retry_seconds, 60.0),
     )

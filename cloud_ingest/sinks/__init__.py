@@ -6,8 +6,9 @@ it be retried later?" (``SinkResult``), and bounds what a batch becomes on the w
 How it retries, batches requests or narrows a refusal down to samples is its own business: the
 pipeline only sees the result.
 
-``remote_write/`` is Prometheus remote-write 1.0, the first sink. A new sink is one subpackage here
-with a class that has ``write``, ``request_bound`` and ``close``, built in ``app.py``; several targets,
-each with its own queue, would be a sink that fans a batch out to the others and reports what every
-required one took.
+``remote_write/`` is Prometheus remote-write 1.0, the first sink. ``fanout.py`` is a sink over several
+sinks (one per configured target), each with its own queue and threads: a batch is final when every
+required target has it. ``relabeled.py`` wraps a target's sink with its ``write_relabel_configs``
+(its own copy of each batch relabeled). A new sink is one subpackage here with a class that has ``write``,
+``request_bound`` and ``close``, built in ``app.py``.
 """

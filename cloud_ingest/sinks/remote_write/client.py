@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import requests
-import requests.adapters
 import urllib3.exceptions
 
 from cloud_ingest.sinks.remote_write.answers import (
@@ -34,6 +33,12 @@ from cloud_ingest.sinks.remote_write.answers import (
     RETRY_4XX,
     RETRY_AFTER_STATUSES,
     refuses_samples,
+)
+from cloud_ingest.sinks.remote_write.connection import (
+    Connection,
+    Credentials,
+    CredentialsError,
+    session_for,
 )
 from cloud_ingest.sinks.remote_write.request import LABEL_CACHE_BYTES, LabelBytes, encode_body
 from relay_common.backoff import Backoff, parse_retry_after
@@ -84,7 +89,6 @@ REASON_BODY_BYTES = 512
 # Error bodies are drained up to this size so the keep-alive connection can be reused; anything
 # bigger is abandoned (the connection is closed) rather than downloaded.
 _MAX_DRAIN_BYTES = 64 * 1024
-_POOL_MAXSIZE = 32
 # Set by this client on every request; a configured header of the same name (any case) is refused.
 PROTOCOL_HEADERS = (
     "Content-Type",
@@ -156,7 +160,8 @@ class RemoteWriteClient:
     """POSTs remote-write bodies over one keep-alive ``requests.Session``.
 
     Never raises for HTTP or network failures; every call returns a :class:`WriteOutcome`.
-    Retries 5xx, 408, 429, configuration errors (3xx/4xx that are not a sample-level rejection; each
+    Retries 5xx, 408, 429, configuration errors (3xx/4xx that are not a sample-level rejection, a
+    credentials or TLS file that cannot be read, a TLS handshake that fails: status 0; each
     one is passed to ``on_config_error`` with its status and logged at ERROR, at most once per
     ``warn_interval_s``), connection errors, timeouts and unparseable responses with capped,
     jittered exponential backoff (a fresh clone of ``backoff`` per call) until ``max_retry_s`` has
@@ -187,6 +192,7 @@ class RemoteWriteClient:
         permanent_after: int = 3,
         on_config_error: Callable[[int], object] | None = None,
         label_cache_bytes: int = LABEL_CACHE_BYTES,
+        connection: Connection | None = None,
     ) -> None:
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -211,12 +217,9 @@ class RemoteWriteClient:
         self._backoff = backoff if backoff is not None else Backoff(0.5, 30.0)
         self._owns_session = session is None
         if session is None:
-            session = requests.Session()
-            # Enough pooled keep-alive connections for several writer threads sharing this client.
-            adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=_POOL_MAXSIZE)
-            session.mount("http://", adapter)
-            session.mount("https://", adapter)
+            session = session_for(connection)
         self._session = session
+        self._credentials = Credentials(connection) if connection is not None else None
         self._stop_event = stop_event
         if stop_event is not None and sleep is time.sleep:
             # Sleep on the event so shutdown does not wait out a 30 s backoff.
@@ -328,15 +331,27 @@ class RemoteWriteClient:
         return WriteOutcome("retry_later", result.http_status, attempts, reason, elapsed)
 
     def _attempt(self, body: bytes) -> _Attempt:
+        headers = self._headers
         try:
+            if self._credentials is not None:
+                authorization = self._credentials.header()
+                if authorization is not None:
+                    headers = {**headers, "Authorization": authorization}
             resp = self._session.post(
                 self.url,
                 data=body,
-                headers=self._headers,
+                headers=headers,
                 timeout=(self.timeout_s, self.timeout_s),
                 stream=True,  # read error bodies ourselves, bounded
                 allow_redirects=False,  # a redirected POST silently becomes a GET
             )
+        except CredentialsError as exc:
+            # A credentials or TLS file that cannot be read: our configuration, like a 401.
+            return _Attempt("retry_later", None, str(exc), config_error=True)
+        except requests.exceptions.SSLError as exc:
+            # A certificate the CA does not sign, a wrong server name, a client certificate refused:
+            # the configuration (or the receiver's), not the data, and not passing.
+            return _Attempt("retry_later", None, f"TLS: {_shorten(str(exc))}", config_error=True)
         except requests.Timeout as exc:
             return _Attempt("retry_later", None, f"timeout: {_shorten(str(exc))}")
         except _NETWORK_ERRORS as exc:

@@ -59,11 +59,16 @@ KUSTOMIZATIONS = {
 VARIANTS = {
     "relay-amd": (KUSTOMIZATIONS["relay"], DEPLOY / "kubernetes/relay/vendors/amd"),
     "relay-intel": (KUSTOMIZATIONS["relay"], DEPLOY / "kubernetes/relay/vendors/intel"),
+    # prometheus-operator monitors of the programs' own metrics.
+    "relay-monitoring": (KUSTOMIZATIONS["relay"], DEPLOY / "kubernetes/components/monitoring/edge-relay"),
+    "cloud-monitoring": (KUSTOMIZATIONS["cloud"], DEPLOY / "kubernetes/components/monitoring/cloud-ingest"),
 }
 BUILDS = [*KUSTOMIZATIONS, *VARIANTS]
-EDGE_SIDE = {"edge", "base-edge", "edge-amd", "edge-intel", "kubeedge-bridge", "relay", "base-relay"} | set(
-    VARIANTS
+EDGE_SIDE = {"edge", "base-edge", "edge-amd", "edge-intel", "kubeedge-bridge", "relay", "base-relay"} | (
+    set(VARIANTS) - {"cloud-monitoring"}
 )
+# prometheus-operator's CRDs: no schema in kubernetes-validate, their fields are checked by the monitor tests.
+MONITORING_API = "monitoring.coreos.com/v1"
 EDGE_TOLERATION = {"key": "node-role.kubernetes.io/edge", "operator": "Exists"}
 # Created by the operator, never committed (deploy/README.md says how).
 EXTERNAL_SECRETS = {
@@ -269,6 +274,8 @@ def test_every_kustomization_is_built_here() -> None:
 def test_every_object_validates_against_the_kubernetes_schema(name: str, version: str) -> None:
     errors = []
     for obj in build(name):
+        if obj["apiVersion"] == MONITORING_API:
+            continue
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as e:
@@ -964,3 +971,72 @@ def test_dockerfile_builds_a_slim_non_root_image_of_the_shipped_packages() -> No
     entry = next(c for c in final if c.cmd == "ENTRYPOINT").value[0]
     assert entry in project["project"]["scripts"]
     assert "cloud-ingest" in project["project"]["scripts"]
+
+
+# --- prometheus-operator monitors ----------------------------------------------------------------------
+
+
+# build -> (monitor kind, its name, the pod controller it must find, the Service it goes through or None)
+MONITORS = {
+    "relay-monitoring": ("PodMonitor", "edge-relay", ("DaemonSet", "edge-relay"), None),
+    "cloud-monitoring": (
+        "ServiceMonitor",
+        "cloud-ingest",
+        ("StatefulSet", "cloud-ingest"),
+        "cloud-ingest-metrics",
+    ),
+}
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    assert set(selector) == {"matchLabels"}, "only matchLabels is checked here"
+    return bool(selector["matchLabels"]) and selector["matchLabels"].items() <= labels.items()
+
+
+@pytest.mark.parametrize("name", list(MONITORS))
+def test_monitors_select_the_pods_and_ports_that_exist(name: str) -> None:
+    """kubernetes-validate has no schema for the CRDs: the fields prometheus-operator relies on are checked
+    here against the rendered objects: the selector matches the real pods (or Service), the named port
+    exists on them, the monitor is in the same namespace, and the NetworkPolicy lets the scrape in."""
+    kind, monitor_name, (controller_kind, controller_name), service_name = MONITORS[name]
+    objs = build(name)
+    monitor = find(objs, kind, monitor_name)
+    assert monitor["apiVersion"] == MONITORING_API
+    assert set(monitor["spec"]) <= {"selector", "podMetricsEndpoints", "endpoints"}, monitor["spec"]
+    controller = find(objs, controller_kind, controller_name)
+    namespace = controller["metadata"]["namespace"]
+    assert monitor["metadata"]["namespace"] == namespace
+    pod_labels = controller["spec"]["template"]["metadata"]["labels"]
+    container_ports = {
+        p["name"]: p["containerPort"] for c in pod_spec(controller)["containers"] for p in c.get("ports", [])
+    }
+    selected = [
+        o
+        for o in objs
+        if o["kind"] == ("Service" if service_name else controller_kind)
+        and selects(monitor["spec"]["selector"], o["metadata"].get("labels", {}))
+    ]
+    if service_name is None:
+        assert selected == [controller]
+        endpoints = monitor["spec"]["podMetricsEndpoints"]
+        for e in endpoints:
+            assert e["port"] in container_ports, e
+        scraped = {container_ports[e["port"]] for e in endpoints}
+    else:
+        assert [s["metadata"]["name"] for s in selected] == [service_name]
+        service = selected[0]
+        assert service["metadata"]["namespace"] == namespace
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        service_ports = {p["name"]: p for p in service["spec"]["ports"]}
+        endpoints = monitor["spec"]["endpoints"]
+        scraped = set()
+        for e in endpoints:
+            assert e["port"] in service_ports, e
+            target = service_ports[e["port"]]["targetPort"]
+            scraped.add(container_ports[target] if isinstance(target, str) else target)
+    assert endpoints and all(e["path"] == "/metrics" for e in endpoints)
+    for policy in (o for o in objs if o["kind"] == "NetworkPolicy"):
+        if not selects(policy["spec"]["podSelector"], pod_labels):
+            continue
+        allowed = {p["port"] for rule in policy["spec"].get("ingress", []) for p in rule.get("ports", [])}
+        assert scraped <= allowed, f"NetworkPolicy {policy['metadata']['name']} keeps the scrape out"

@@ -59,6 +59,7 @@ KUSTOMIZATIONS = {
 VARIANTS = {
     "relay-amd": (KUSTOMIZATIONS["relay"], DEPLOY / "kubernetes/relay/vendors/amd"),
     "relay-intel": (KUSTOMIZATIONS["relay"], DEPLOY / "kubernetes/relay/vendors/intel"),
+    "relay-jetson": (KUSTOMIZATIONS["relay"], DEPLOY / "kubernetes/relay/vendors/jetson"),
     # prometheus-operator monitors of the programs' own metrics.
     "relay-monitoring": (KUSTOMIZATIONS["relay"], DEPLOY / "kubernetes/components/monitoring/edge-relay"),
     "cloud-monitoring": (KUSTOMIZATIONS["cloud"], DEPLOY / "kubernetes/components/monitoring/cloud-ingest"),
@@ -654,7 +655,17 @@ STANDALONE = {
     "relay": ("dcgm-exporter", "edge", "dcgm"),
     "relay-amd": ("amd-device-metrics-exporter", "edge-amd", "amd"),
     "relay-intel": ("xpumd", "edge-intel", "intel"),
+    "relay-jetson": ("jetson", None, "jetson"),
 }
+# Jetson has no sidecar overlay to compare with: its placement and its exporter's port (the simulator's,
+# jetson_stats_node_exporter started with --port 9110), and no Kepler (no NVML, no RAPL there).
+JETSON_NODE_SELECTOR = {
+    "kubernetes.io/os": "linux",
+    "kubernetes.io/arch": "arm64",
+    "feature.node.kubernetes.io/jetson": "true",
+    "node-role.kubernetes.io/edge": "",
+}
+JETSON_EXPORTER_PORT = 9110
 
 
 @pytest.mark.parametrize("name", list(STANDALONE))
@@ -678,22 +689,29 @@ def test_standalone_relay_scrapes_its_nodes_exporters(name: str, tmp_path: Path)
     assert env["NODE_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.hostIP"
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
 
-    # The same nodes as the sidecar overlay of that vendor, and its exporter's port.
-    sidecar_objs = build(sidecar_build)
-    sidecar = find(sidecar_objs, "DaemonSet", "kepler-edge-relay")
-    assert spec["nodeSelector"] == pod_spec(sidecar)["nodeSelector"]
-    assert spec["tolerations"] == pod_spec(sidecar)["tolerations"]
-    exporter = find(sidecar_objs, "DaemonSet", job)
-    [exporter_port] = [p["containerPort"] for p in pod_spec(exporter)["containers"][0]["ports"]]
+    if sidecar_build is None:
+        assert spec["nodeSelector"] == JETSON_NODE_SELECTOR
+        assert spec["tolerations"] == pod_spec(find(build("relay"), "DaemonSet", "edge-relay"))["tolerations"]
+        exporter_port = JETSON_EXPORTER_PORT
+        node_exporters = ["gpu", "node"]
+    else:
+        # The same nodes as the sidecar overlay of that vendor, and its exporter's port.
+        sidecar_objs = build(sidecar_build)
+        sidecar = find(sidecar_objs, "DaemonSet", "kepler-edge-relay")
+        assert spec["nodeSelector"] == pod_spec(sidecar)["nodeSelector"]
+        assert spec["tolerations"] == pod_spec(sidecar)["tolerations"]
+        exporter = find(sidecar_objs, "DaemonSet", job)
+        [exporter_port] = [p["containerPort"] for p in pod_spec(exporter)["containers"][0]["ports"]]
+        node_exporters = ["kepler", "gpu", "node"]
 
     s = relay_settings.load(str(relay_config_file(objs, ds, tmp_path)))
     targets = {t.name: t for t in s.targets}
     urls = {name: urlsplit(t.url) for name, t in targets.items()}
-    assert set(targets) == {"kepler", "gpu", "node", "edge-relay"}
-    for target in ("kepler", "gpu", "node"):
+    assert set(targets) == {*node_exporters, "edge-relay"}
+    for target in node_exporters:
         assert urls[target].hostname == "192.0.2.7", "the node's exporters, on the node's IP"
     assert (targets["gpu"].job, urls["gpu"].port) == (job, exporter_port)
-    assert urls["kepler"].port == 28282 and urls["node"].port == 9100
+    assert urls["node"].port == 9100 and urls.get("kepler", urlsplit("http://x:28282")).port == 28282
     metrics_port = int(s.metrics_listen.rsplit(":", 1)[1])
     assert urls["edge-relay"].hostname == "127.0.0.1" and urls["edge-relay"].port == metrics_port
     if s.mqtt.tls is not None:
@@ -706,7 +724,8 @@ def test_standalone_relay_scrapes_its_nodes_exporters(name: str, tmp_path: Path)
     assert budget_vol["configMap"]["name"].startswith("edge-relay-budget-")
     budget_file = load_config_from(objs, "edge-relay-budget", budget_key, tmp_path)
     presets = [c.get("preset") for c in yaml.safe_load(budget_file.read_text())["classes"]]
-    assert presets[0] == f"{preset}-critical" and {preset, "node", "kepler"} <= set(presets)
+    assert presets[0] == f"{preset}-critical" and {preset, "node"} <= set(presets)
+    assert ("kepler" in presets) == ("kepler" in targets)
     assert relay_budget.load(budget_file).warnings(s.batch_max_bytes) == []
 
     # It may reach every exporter it scrapes, the broker and DNS; nothing may reach it.
@@ -715,7 +734,7 @@ def test_standalone_relay_scrapes_its_nodes_exporters(name: str, tmp_path: Path)
     assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert policy["ingress"] == []
     allowed = {p["port"] for rule in policy["egress"] for p in rule["ports"]}
-    assert {urls[t].port for t in ("kepler", "gpu", "node")} | {s.mqtt.port, 53} <= allowed
+    assert {urls[t].port for t in node_exporters} | {s.mqtt.port, 53} <= allowed
 
 
 def test_one_place_sets_the_image() -> None:

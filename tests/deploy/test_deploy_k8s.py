@@ -1059,3 +1059,51 @@ def test_monitors_select_the_pods_and_ports_that_exist(name: str) -> None:
             continue
         allowed = {p["port"] for rule in policy["spec"].get("ingress", []) for p in rule.get("ports", [])}
         assert scraped <= allowed, f"NetworkPolicy {policy['metadata']['name']} keeps the scrape out"
+
+
+# --- remote bases ----------------------------------------------------------------------------------------
+
+
+def _file_entries(k: dict[str, Any]) -> list[str]:
+    """The files (not kustomization directories) a kustomization loads: kustomize's load restrictor
+    keeps these inside its own directory."""
+    entries = [p["path"] for p in k.get("patches", []) if "path" in p]
+    entries += k.get("patchesStrategicMerge", []) + k.get("configurations", []) + k.get("crds", [])
+    for gen in k.get("configMapGenerator", []) + k.get("secretGenerator", []):
+        entries += [f.split("=", 1)[-1] for f in gen.get("files", [])]
+        entries += gen.get("envs", []) + ([gen["env"]] if "env" in gen else [])
+    return entries
+
+
+def test_every_kustomization_loads_only_files_of_its_own_root() -> None:
+    """`kubectl apply -k 'https://github.com/<org>/<repo>//deploy/kubernetes/overlays/relay?ref=<tag>'`
+    builds with kustomize's default load restrictor (LoadRestrictionsRootOnly): a kustomization may name
+    other kustomization directories of the repository, but may load no file outside its own directory."""
+    for path in DEPLOY.rglob("kustomization.yaml"):
+        base = path.parent.resolve()
+        k = yaml.safe_load(path.read_text())
+        for entry in _file_entries(k):
+            assert (base / entry).resolve().is_relative_to(base), f"{path.relative_to(ROOT)} loads {entry}"
+        for entry in k.get("resources", []) + k.get("components", []):
+            assert "://" not in entry, f"{path.relative_to(ROOT)}: a remote resource {entry}"
+            target = (base / entry).resolve()
+            assert target.is_relative_to(ROOT), f"{path.relative_to(ROOT)} leaves the repository: {entry}"
+            assert target.is_dir() or target.is_relative_to(base), f"{path.relative_to(ROOT)} loads {entry}"
+
+
+@pytest.mark.parametrize("name", BUILDS)
+def test_every_build_renders_with_the_default_load_restrictor(name: str) -> None:
+    """The builds above use kustomize's defaults; the same render with the root-only restrictor named
+    explicitly is identical (as a remote base is built)."""
+    assert not any(arg.startswith("--load-restrictor") for arg in kustomize_command())
+    root = _variant_root(name) if name in VARIANTS else KUSTOMIZATIONS[name]
+    result = subprocess.run(
+        [*kustomize_command(), "--load-restrictor", "LoadRestrictionsRootOnly", str(root)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+        env=project_tools_env(),
+    )
+    assert result.returncode == 0, f"{name} loads files outside its root:\n{result.stderr}"
+    assert tuple(d for d in yaml.safe_load_all(result.stdout) if d) == build(name)

@@ -992,6 +992,26 @@ def test_dockerfile_builds_a_slim_non_root_image_of_the_shipped_packages() -> No
     assert "cloud-ingest" in project["project"]["scripts"]
 
 
+ARCHITECTURE_WORDS = re.compile(r"amd64|x86[_-]64|aarch64|arm64|armv\d|i[3-6]86|--platform", re.I)
+
+
+def test_dockerfile_has_no_architecture_specific_step() -> None:
+    """One Dockerfile for linux/amd64 and linux/arm64 (buildx, as deploy/README.md documents): the base image
+    is the official multi-arch Python one, no stage is pinned to a platform, and no step names an
+    architecture or downloads a binary (which would be one architecture's)."""
+    commands = dockerfile.parse_file(str(ROOT / "Dockerfile"))
+    for c in commands:
+        if c.cmd in {"FROM", "RUN", "ARG", "ENV", "COPY"}:
+            text = " ".join([*c.flags, *c.value])
+            assert not ARCHITECTURE_WORDS.search(text), f"{c.original}: architecture-specific"
+        if c.cmd == "RUN":
+            assert not re.search(r"\b(curl|wget)\b", " ".join(c.value)), f"{c.original}: downloads a binary"
+    readme = (DEPLOY / "README.md").read_text()
+    build = re.search(r"^docker buildx build --platform (\S+) .* \.$", readme, re.M)
+    assert build, "deploy/README.md documents no multi-arch buildx command"
+    assert set(build.group(1).split(",")) == {"linux/amd64", "linux/arm64"}
+
+
 # --- prometheus-operator monitors ----------------------------------------------------------------------
 
 

@@ -104,6 +104,7 @@ class Result:
     window_v2_bytes: int
     window_v3_bytes: int
     floor_bytes: float
+    unchanged_frame_bytes: int  # a live delta frame of the last cycle again, only its timestamps moved
 
 
 def measure(scrape_cycles: list[list[ShapedScrape]], interval_s: float, only: str | None = None) -> Result:
@@ -120,6 +121,19 @@ def measure(scrape_cycles: list[list[ShapedScrape]], interval_s: float, only: st
         for scrape in cycle:
             for labels, value in zip(scrape.labels, scrape.values, strict=True):
                 series.setdefault(labels, []).append(value)
+    # What a live frame costs whatever its values: the last cycle again, one and two intervals later
+    # (the smaller of the two: one of them may fall on the key frame cadence).
+    step = round(interval_s * 1000)
+    unchanged_sizes = []
+    for k in (1, 2):
+        again = to_batch(
+            "lab",
+            NODE,
+            [ShapedScrape(s.target, s.timestamp_ms + k * step, s.labels, s.values) for s in cycle],
+        )
+        again.seq, again.incarnation = len(picked) + k, 1
+        unchanged_sizes.append(len(live.encode(again)))
+    unchanged = min(unchanged_sizes)
     per_window = max(1, round(WINDOW_S / interval_s))
     be = BatchEncoder("lab", NODE, max_bytes=1_000_000, zstd_level=3, version=2, incarnation=1)
     windowed = codec.StreamEncoder("lab", NODE, keyframe_every=360)
@@ -130,7 +144,7 @@ def measure(scrape_cycles: list[list[ShapedScrape]], interval_s: float, only: st
             seq += 1
             v2 += len(be.encode(batch, seq))
             v3 += len(windowed.encode(batch))
-    return Result(samples, live_bytes, v2, v3, floor_bytes(series))
+    return Result(samples, live_bytes, v2, v3, floor_bytes(series), unchanged)
 
 
 def rows_for(interval_s: float, minutes: float, gpus: int, trace: RealTrace) -> list[list[str]]:
@@ -147,6 +161,7 @@ def rows_for(interval_s: float, minutes: float, gpus: int, trace: RealTrace) -> 
                 f"{n_series}",
                 f"{r.samples}",
                 f"{live:.2f}",
+                f"{r.unchanged_frame_bytes} ({r.unchanged_frame_bytes / n_series:.2f})",
                 f"{w2:.2f}",
                 f"{w3:.2f}",
                 f"{fl:.2f}",
@@ -172,6 +187,7 @@ def main() -> None:
         "series",
         "samples",
         "live v3 B/sample",
+        "live frame, values unchanged: B (B/sample)",
         "windowed v2 B/sample",
         "windowed v3 B/sample",
         "floor B/sample",

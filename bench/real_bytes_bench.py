@@ -21,8 +21,9 @@ differences, whichever is smallest, times the series' sample count, summed over 
 by the samples. It is what an ideal coder would spend if each series' residuals were i.i.d. draws
 from their own observed distribution, with that distribution known for free. It is not a bound: a
 coder that uses context (the energy counter is the integral of the power; clocks follow the load) can
-go below it, and the plug-in estimate itself is biased low on short runs; it also leaves out
-timestamps, label sets and framing, which a real frame must carry.
+go below it, and the plug-in estimate itself is biased low on short runs and on a looped trace (a series
+takes at most one loop's distinct values); it also leaves out timestamps, label sets and framing, which
+a real frame must carry.
 """
 
 from __future__ import annotations

@@ -25,6 +25,6 @@ def test_real_bytes_core_on_a_few_cycles() -> None:
     assert len(cycles) == 24
     for only in ("dcgm", None):
         r = bench.measure(cycles, 5.0, only)
-        assert r.samples > 0 and r.floor_bytes > 0
+        assert r.samples > 0 and r.floor_bytes > 0 and r.fitted_floor_bytes > 0
         for coded in (r.live_bytes, r.window_v2_bytes, r.window_v3_bytes):
             assert coded > r.floor_bytes

@@ -174,7 +174,8 @@ class SimulatorServer:
         self.start_ms = 0
         self._servers: dict[str, _ExporterHTTPServer] = {}
         self._threads: list[threading.Thread] = []
-        self._cache: dict[tuple[str, int, bool, bool], bytes] = {}
+        # Per exporter, each under its exporter's lock: scrapes of different exporters run concurrently.
+        self._cache: dict[str, dict[tuple[int, bool, bool], bytes]] = {e: {} for e in ALL_EXPORTERS}
         self._locks = {e: threading.Lock() for e in ALL_EXPORTERS}
         self._log_lock = threading.Lock()
         self._log_file: IO[str] | None = None
@@ -261,19 +262,20 @@ class SimulatorServer:
 
     def payload(self, exporter: str, tick: int, openmetrics: bool = False, gzipped: bool = False) -> bytes:
         """The body served at ``tick``, rendered once and shared by concurrent scrapers."""
-        key = (exporter, tick, openmetrics, gzipped)
+        key = (tick, openmetrics, gzipped)
         self._asked.add((exporter, openmetrics, gzipped))
         with self._locks[exporter]:
-            body = self._cache.get(key)
+            cache = self._cache[exporter]
+            body = cache.get(key)
             if body is None:
-                plain = self._cache.get((exporter, tick, openmetrics, False))
+                plain = cache.get((tick, openmetrics, False))
                 if plain is None:
                     plain = self.simulator.render(exporter, tick, openmetrics)
-                    self._cache[(exporter, tick, openmetrics, False)] = plain
+                    cache[(tick, openmetrics, False)] = plain
                 body = gzip.compress(plain, compresslevel=6, mtime=0) if gzipped else plain  # Go default
-                self._cache[key] = body
-                for old in [k for k in self._cache if k[0] == exporter and k[1] < tick - 1]:
-                    del self._cache[old]
+                cache[key] = body
+                for old in [k for k in cache if k[0] < tick - 1]:
+                    del cache[old]
         return body
 
     def _handle(self, h: BaseHTTPRequestHandler, exporter: str) -> None:

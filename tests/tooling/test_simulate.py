@@ -479,10 +479,10 @@ def test_prerender_has_the_next_tick_ready_half_a_tick_ahead_with_the_same_bytes
         start = clock.now
         clock.now = start + 5 * 7 + 0.1  # tick 7
         assert fetch(srv.urls["kepler"])[0] == 200  # asks for plain kepler: it is rendered ahead now
-        assert ("kepler", 8, False, False) not in srv._cache
+        assert (8, False, False) not in srv._cache["kepler"]
         clock.now = start + 5 * 7 + 2.6  # past the middle of tick 7
-        wait_until(lambda: ("kepler", 8, False, False) in srv._cache, 10, message="tick 8 rendered ahead")
-        assert ("node", 8, False, False) not in srv._cache  # never asked for
+        wait_until(lambda: (8, False, False) in srv._cache["kepler"], 10, message="tick 8 rendered ahead")
+        assert (8, False, False) not in srv._cache["node"]  # never asked for
         clock.now = start + 5 * 8 + 0.1
         status, _, body = fetch(srv.urls["kepler"])
     assert (status, body) == (200, Simulator(3, 2000, 5.0, churn_ticks=4).render("kepler", 8))
